@@ -1,0 +1,92 @@
+"""Input checks shared by every public function.
+
+Rule 8 of the house: bad input gets a clear ``ValueError`` or ``TypeError`` early, naming the
+argument and the shapes seen, never a deep ``RuntimeError`` from inside torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(x: object, name: str, min_rank: int = 1) -> Tensor:
+    """Check that ``x`` is a floating-point tensor of rank at least ``min_rank``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() < min_rank:
+        raise ValueError(
+            f"{name} must have at least {min_rank} dimensions, got shape {tuple(x.shape)}"
+        )
+    return x
+
+
+def check_same_dtype_device(**tensors: Tensor) -> None:
+    """Check that all ``tensors`` share one dtype and one device."""
+    names = list(tensors)
+    first = tensors[names[0]]
+    for name in names[1:]:
+        t = tensors[name]
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{names[0]} and {name} must have the same dtype, got {first.dtype} and {t.dtype}"
+            )
+        if t.device != first.device:
+            raise ValueError(
+                f"{names[0]} and {name} must be on the same device, "
+                f"got {first.device} and {t.device}"
+            )
+
+
+def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mask") -> Tensor:
+    """Check a mask: bool (True = may attend) or float (added to the scores).
+
+    It must broadcast to ``target`` (the shape of the scores). Integer masks and float masks
+    holding only 0 and 1 are rejected: both are almost always a boolean mask in disguise, and
+    adding 1 to the allowed scores would silently mask nothing.
+    """
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be bool (True = may attend) or float (added to the scores), "
+            f"got dtype {attn_mask.dtype}; use mask.bool() if 1 means 'may attend'"
+        )
+    if attn_mask.is_floating_point() and attn_mask.numel() > 0:
+        zero_one = (attn_mask == 0) | (attn_mask == 1)
+        if bool(zero_one.all()) and bool((attn_mask == 1).any()):
+            raise TypeError(
+                f"{name} is a float tensor holding only 0 and 1 (shape {tuple(attn_mask.shape)}): "
+                "a float mask is added to the scores, so this masks nothing. Pass a bool mask "
+                "(True = may attend), e.g. mask.bool(), or an additive mask of 0 and -inf"
+            )
+    try:
+        shape = torch.broadcast_shapes(attn_mask.shape, target)
+    except RuntimeError:
+        shape = None
+    if shape != torch.Size(target):
+        raise ValueError(
+            f"{name} of shape {tuple(attn_mask.shape)} does not broadcast to the scores' "
+            f"shape {tuple(target)}"
+        )
+    return attn_mask
+
+
+def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
+    """Check a dropout probability in [0, 1]."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1], got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {dropout_p}")
+    return float(dropout_p)
+
+
+def check_positive_int(value: object, name: str) -> int:
+    """Check a strictly positive integer (a size or a count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value

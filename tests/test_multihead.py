@@ -1,0 +1,188 @@
+"""MultiHeadAttention against torch.nn.MultiheadAttention, GQA/MQA identities, and the KV cache."""
+
+import pytest
+import torch
+from torch import nn
+
+import selfattn
+
+F64 = torch.float64
+
+
+def copy_from_torch(ref: nn.MultiheadAttention, ours: selfattn.MultiHeadAttention) -> None:
+    """Copy nn.MultiheadAttention's weights into ours (it packs q, k, v when kdim == vdim == E)."""
+    E = ref.embed_dim
+    with torch.no_grad():
+        if ref._qkv_same_embed_dim:
+            wq, wk, wv = ref.in_proj_weight.split(E)
+        else:
+            wq, wk, wv = ref.q_proj_weight, ref.k_proj_weight, ref.v_proj_weight
+        bq, bk, bv = ref.in_proj_bias.split(E)
+        for lin, w, b in [(ours.q_proj, wq, bq), (ours.k_proj, wk, bk), (ours.v_proj, wv, bv),
+                          (ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)]:
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+
+
+@pytest.mark.parametrize(("kdim", "vdim"), [(None, None), (12, 20)])
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights):
+    d, h, B, L, S = 16, 4, 3, 5, 7
+    ref = nn.MultiheadAttention(d, h, batch_first=True, kdim=kdim, vdim=vdim).double().eval()
+    ours = selfattn.MultiHeadAttention(d, h, kdim=kdim, vdim=vdim).double().eval()
+    copy_from_torch(ref, ours)
+    q = torch.randn(B, L, d, dtype=F64)
+    k = torch.randn(B, S, kdim or d, dtype=F64)
+    v = torch.randn(B, S, vdim or d, dtype=F64)
+    kpm = None  # torch's key_padding_mask: True = ignore (the opposite of ours)
+    mask = None
+    if padding:
+        lengths = torch.tensor([7, 4, 1])
+        kpm = ~selfattn.padding_mask(lengths, S)
+        mask = selfattn.padding_mask(lengths, S)[:, None, None, :]  # (B, 1, 1, S)
+    expected, expected_w = ref(q, k, v, key_padding_mask=kpm, need_weights=True,
+                               average_attn_weights=False)
+    out, weights = ours(q, k, v, attn_mask=mask, need_weights=need_weights)
+    torch.testing.assert_close(out, expected)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_w)
+    else:
+        assert weights is None
+
+
+def test_self_attention_defaults_and_causal_match_torch():
+    d, h = 24, 3
+    ref = nn.MultiheadAttention(d, h, batch_first=True).double()
+    ours = selfattn.MultiHeadAttention(d, h).double()
+    copy_from_torch(ref, ours)
+    x = torch.randn(2, 6, d, dtype=F64)
+    causal_ignore = ~selfattn.causal_mask(6)  # torch's bool attn_mask: True = ignore
+    expected, _ = ref(x, x, x, attn_mask=causal_ignore)
+    torch.testing.assert_close(ours(x, is_causal=True)[0], expected)
+    torch.testing.assert_close(ours(x, is_causal=True, need_weights=True)[0], expected)
+
+
+def mha_from_grouped(grouped: selfattn.MultiHeadAttention) -> selfattn.MultiHeadAttention:
+    """An MHA whose key/value heads are the grouped module's heads, repeated for every query head."""
+    cfg = grouped.config
+    mha = selfattn.MultiHeadAttention(cfg.d_model, cfg.n_heads).to(grouped.q_proj.weight.dtype)
+    hd, g = cfg.head_dim, cfg.group_size
+    with torch.no_grad():
+        mha.q_proj.load_state_dict(grouped.q_proj.state_dict())
+        mha.out_proj.load_state_dict(grouped.out_proj.state_dict())
+        for src, dst in [(grouped.k_proj, mha.k_proj), (grouped.v_proj, mha.v_proj)]:
+            w = src.weight.view(cfg.n_kv_heads, hd, -1).repeat_interleave(g, dim=0)  # (H, hd, d)
+            dst.weight.copy_(w.reshape(cfg.n_heads * hd, -1))
+            dst.bias.copy_(src.bias.view(cfg.n_kv_heads, hd).repeat_interleave(g, 0).flatten())
+    return mha
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4, 8])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_query_attention_is_mha_with_shared_kv_heads(n_kv_heads, need_weights):
+    grouped = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double()
+    mha = mha_from_grouped(grouped)
+    x = torch.randn(2, 7, 32, dtype=F64)
+    mask = torch.rand(2, 8, 7, 7) > 0.3  # per-head mask: exercises the mask regrouping
+    mask[..., 0] = True
+    for kwargs in [{}, {"is_causal": True}, {"attn_mask": mask}, {"attn_mask": mask[:, :1]}]:
+        out, w = grouped(x, need_weights=need_weights, **kwargs)
+        expected, expected_w = mha(x, need_weights=need_weights, **kwargs)
+        torch.testing.assert_close(out, expected)
+        if need_weights:
+            torch.testing.assert_close(w, expected_w)
+
+
+def test_gqa_with_n_heads_kv_heads_is_mha_and_with_one_is_mqa():
+    x = torch.randn(2, 5, 32, dtype=F64)
+    mha = selfattn.MultiHeadAttention(32, 8).double()
+    gqa_full = selfattn.MultiHeadAttention(32, 8, n_kv_heads=8).double()
+    gqa_full.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(gqa_full(x)[0], mha(x)[0])
+    mqa = selfattn.MultiHeadAttention(32, 8, n_kv_heads=1).double()
+    gqa_one = selfattn.MultiHeadAttention(32, 8, n_kv_heads=2).double()
+    with torch.no_grad():  # GQA whose two KV heads are equal is MQA
+        gqa_one.load_state_dict(mqa.state_dict() | {
+            f"{p}_proj.{t}": torch.cat([mqa.state_dict()[f"{p}_proj.{t}"]] * 2)
+            for p in "kv" for t in ("weight", "bias")})
+    torch.testing.assert_close(gqa_one(x)[0], mqa(x)[0])
+    assert mqa.k_proj.weight.numel() * 8 == mha.k_proj.weight.numel()
+
+
+@pytest.mark.parametrize("n_kv_heads", [8, 2, 1])
+@pytest.mark.parametrize("prefill", [1, 4])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_kv_cache_decoding_equals_causal_forward(n_kv_heads, prefill, need_weights):
+    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double().eval()
+    x = torch.randn(2, 11, 32, dtype=F64)
+    full, full_w = m(x, is_causal=True, need_weights=True)
+    cache = selfattn.KVCache(capacity=2)  # small, so the cache has to grow on the way
+    out, w = m(x[:, :prefill], is_causal=True, kv_cache=cache, need_weights=need_weights)
+    outs = [out]
+    for t in range(prefill, 11):
+        out, w = m(x[:, t : t + 1], is_causal=True, kv_cache=cache, need_weights=need_weights)
+        outs.append(out)
+        if need_weights:  # the last token's weights over all keys seen so far
+            torch.testing.assert_close(w[:, :, 0], full_w[:, :, t, : t + 1])
+    torch.testing.assert_close(torch.cat(outs, dim=1), full)
+    assert cache.length == 11
+    assert cache.nbytes == 2 * 2 * n_kv_heads * 11 * 4 * 8  # k and v, B, heads, T, hd, fp64
+
+
+def test_kv_cache_appends_in_place_and_grows_geometrically():
+    cache = selfattn.KVCache(capacity=4)
+    k = torch.randn(1, 2, 1, 8)
+    cache.append(k, k)
+    first = cache._k.data_ptr()
+    for _ in range(3):
+        cache.append(k, k)
+    assert cache._k.data_ptr() == first  # no copy while there is room
+    pointers = {cache._k.data_ptr()}
+    for _ in range(1000):
+        cache.append(k, k)
+        pointers.add(cache._k.data_ptr())
+    assert len(pointers) <= 10  # 4 -> 8 -> ... -> 1024: a handful of reallocations, not 1000
+    keys, _ = cache.append(k, k)
+    assert keys.shape == (1, 2, 1005, 8)
+
+
+def test_fully_masked_query_gives_zero_attention_output():
+    m = selfattn.MultiHeadAttention(16, 4).eval()
+    x = torch.randn(1, 3, 16)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[1] = False
+    for need_weights in (True, False):
+        out, w = m(x, attn_mask=mask, need_weights=need_weights)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out[0, 1], m.out_proj.bias)  # attention output was zero
+        if need_weights:
+            assert (w[0, :, 1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_runs_without_nan(dtype):
+    m = selfattn.MultiHeadAttention(16, 4, n_kv_heads=2).to(dtype)
+    x = torch.randn(2, 5, 16, dtype=dtype)
+    for need_weights in (True, False):
+        out, _ = m(x, is_causal=True, need_weights=need_weights)
+        assert out.dtype == dtype and out.isfinite().all()
+
+
+def test_dropout_only_in_training():
+    m = selfattn.MultiHeadAttention(16, 4, dropout_p=0.5)
+    x = torch.randn(2, 6, 16)
+    m.eval()
+    a, b = m(x, need_weights=True)[0], m(x, need_weights=True)[0]
+    torch.testing.assert_close(a, b)
+    m.train()
+    assert not torch.allclose(m(x, need_weights=True)[0], a)
+
+
+def test_head_dim_out_dim_and_config():
+    m = selfattn.MultiHeadAttention(10, 4, head_dim=6, out_dim=3)
+    assert m.q_proj.out_features == 24 and m.out_proj.out_features == 3
+    assert m(torch.randn(2, 5, 10))[0].shape == (2, 5, 3)
+    assert m.config.n_kv_heads == 4 and m.config.group_size == 1
+    with pytest.raises(AttributeError):
+        m.config.n_heads = 2  # frozen
