@@ -1,5 +1,6 @@
 """selfattn: self-attention from first principles, the tested code behind the book."""
 
+from . import exercises
 from .attention import masked_softmax, scaled_dot_product_attention
 from .device import pick_device
 from .masks import causal_mask, padding_mask, to_additive, to_bool
@@ -10,6 +11,7 @@ __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "causal_mask",
+    "exercises",
     "masked_softmax",
     "padding_mask",
     "pick_device",

@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine with Python 3.11+ and make:
+#   make book   set up .venv if needed, build the book, print where index.html is
+#   make test   set up .venv if needed, build the book, then unit tests + nbval + book checks
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+VENDOR := _vendor/.installed
+
+.PHONY: book test lint clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+# JavaScript the pages load, served from the book itself (no CDN): npm installs it from
+# package-lock.json, then the parts the pages use are copied to _vendor/ (html_static_path).
+$(VENDOR): package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
+	rm -rf _vendor && mkdir -p _vendor/mathjax/output
+	cp -r node_modules/mathjax/es5/{tex-chtml.js,input,ui,a11y} _vendor/mathjax/
+	cp -r node_modules/mathjax/es5/output/chtml _vendor/mathjax/output/
+	touch $@
+
+book: $(STAMP) $(VENDOR)
+	@hash=$$($(PY) tools/srchash.py); \
+	if [ "$$(cat _build/.src-hash 2>/dev/null)" != "$$hash" ]; then \
+		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
+		rm -rf _build; \
+	fi; \
+	$(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
+	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+
+test: book
+	$(PY) -m pytest --nbval-lax
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache .hypothesis

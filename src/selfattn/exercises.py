@@ -1,0 +1,78 @@
+"""Self-checks for the chapters' exercises: each says "correct" or what is still wrong.
+
+A checker never raises: a reader's half-written answer (``None``, an exception inside their
+function) gets a short message, so a chapter always runs top to bottom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .attention import scaled_dot_product_attention
+from .masks import causal_mask, padding_mask
+
+
+def _report(ok: bool, message: str) -> bool:
+    print(("✅ Correct: " if ok else "❌ Not yet: ") + message)
+    return ok
+
+
+def check_uniform_scale(scale: object) -> bool:
+    """Chapter 2, exercise 1: a ``scale`` that makes every query attend equally to every key."""
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        return _report(False, f"set the answer to a number, got {scale!r}")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    _, w = scaled_dot_product_attention(q, k, v, scale=float(scale))
+    if torch.allclose(w, torch.full_like(w, 1 / 5)):
+        return _report(True, f"with scale={scale} every score is 0, so softmax gives 1/S to each key")
+    return _report(False, f"with scale={scale} the weights range from {w.min():.3f} to "
+                          f"{w.max():.3f}; uniform would be 0.2 everywhere")
+
+
+def check_causal_mask(fn: Callable[[int], torch.Tensor]) -> bool:
+    """Chapter 2, exercise 2: ``fn(L)`` returns the (L, L) bool causal mask, True = may attend."""
+    for L in (1, 2, 5, 8):
+        try:
+            got = fn(L)
+        except Exception as exc:  # the reader's code: report, never crash the chapter
+            return _report(False, f"fn({L}) raised {type(exc).__name__}: {exc}")
+        want = causal_mask(L)
+        if not isinstance(got, torch.Tensor):
+            return _report(False, f"fn({L}) should return a tensor, got {type(got).__name__}")
+        if got.dtype != torch.bool:
+            return _report(False, f"fn({L}) has dtype {got.dtype}; a mask that says where to "
+                                  "attend should be bool")
+        if got.shape != want.shape:
+            return _report(False, f"fn({L}) has shape {tuple(got.shape)}, expected {(L, L)}")
+        if not torch.equal(got, want):
+            if torch.equal(got, ~want):
+                return _report(False, "the polarity is reversed: True must mean 'may attend'")
+            return _report(False, f"fn({L}) differs from the causal mask at "
+                                  f"{int((got != want).sum())} positions")
+    return _report(True, "query i may attend to keys 0..i, for every length tried")
+
+
+def check_attention(fn: Callable[..., torch.Tensor]) -> bool:
+    """Chapter 2, exercise 3: ``fn(q, k, v, mask)`` computes masked attention's output."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 4, 8, generator=g, dtype=torch.float64)  # (B, H, L, E)
+    k = torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64)  # (B, H, S, E)
+    v = torch.randn(2, 3, 6, 5, generator=g, dtype=torch.float64)  # (B, H, S, Ev)
+    mask = padding_mask(torch.tensor([6, 2]))[:, None, None, :]  # (B, 1, 1, S)
+    try:
+        got = fn(q, k, v, mask)
+    except Exception as exc:
+        return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+    want, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return _report(False, f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
+    if torch.allclose(got, want):
+        return _report(True, "matches selfattn.scaled_dot_product_attention on a padded batch")
+    unmasked, _ = scaled_dot_product_attention(q, k, v)
+    if torch.allclose(got, unmasked):
+        return _report(False, "the output ignores the mask: padded keys must get weight 0")
+    return _report(False, f"largest difference from the reference: {(got - want).abs().max():.3g}")
