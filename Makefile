@@ -19,11 +19,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 # JavaScript the pages load, served from the book itself (no CDN): npm installs it from
 # package-lock.json, then the parts the pages use are copied to _vendor/ (html_static_path).
-$(VENDOR): package.json package-lock.json
+$(VENDOR): package.json package-lock.json Makefile
 	npm ci --no-audit --no-fund --silent
-	rm -rf _vendor && mkdir -p _vendor/mathjax/output
+	rm -rf _vendor && mkdir -p _vendor/mathjax/output _vendor/widgets
 	cp -r node_modules/mathjax/es5/{tex-chtml.js,input,ui,a11y} _vendor/mathjax/
 	cp -r node_modules/mathjax/es5/output/chtml _vendor/mathjax/output/
+	cp node_modules/requirejs/require.js node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js \
+		node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} _vendor/widgets/
 	touch $@
 
 book: $(STAMP) $(VENDOR)
@@ -32,7 +34,7 @@ book: $(STAMP) $(VENDOR)
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
 		rm -rf _build; \
 	fi; \
-	$(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
+	SELFATTN_STATIC=1 $(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 test: book

@@ -1,16 +1,36 @@
-"""Attention heatmaps: the seaborn heatmap of the second article, with labels, masks and a colorbar."""
+"""Attention heatmaps and the explorer widget that every chapter's interactive view uses.
+
+* :func:`heatmap` draws one ``(L, S)`` matrix (picked out of ``(H, L, S)`` or ``(B, H, L, S)``)
+  the way the second article's seaborn plot should have: tokens on both axes, a colorbar,
+  numbers in the cells while they fit, masked cells hatched.
+* :func:`heads` draws every head of a ``(H, L, S)`` or ``(B, H, L, S)`` tensor in a grid.
+* :func:`explorer` is an ipywidgets view with controls that redraw a heatmap. In a live kernel
+  (Jupyter, Colab) it recomputes on every change and takes a typed sentence. In the static book it
+  precomputes every state the controls can reach and switches between them in the browser, with no
+  kernel (``jsdlink`` between widgets survives in the saved widget state; Python callbacks do not).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+import io
+import itertools
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 import torch
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 ANNOTATE_UP_TO = 12  # annotate every cell only while the matrix is at most this many tokens wide
+MAX_STATES = 48  # a static explorer precomputes at most this many heatmaps ...
+MAX_PAGE_BYTES = 3_000_000  # ... and at most this many bytes of PNG, about 20-40 KB each
+STATIC_ENV = "SELFATTN_STATIC"  # set to 1 (the Makefile's book build does) for static explorers
 
 
 def heatmap(
@@ -18,24 +38,25 @@ def heatmap(
     x_tokens: Sequence[str] | None = None,
     y_tokens: Sequence[str] | None = None,
     mask: torch.Tensor | np.ndarray | None = None,
+    head: int = 0,
+    batch: int = 0,
     annot: bool | None = None,
     title: str = "Attention weights",
     ax: Axes | None = None,
     cbar: bool = True,
 ) -> Axes:
-    """Draw an ``(L, S)`` attention matrix: queries down the side, keys along the top.
+    """Draw an attention matrix: queries down the side, keys along the top.
 
     Args:
-        weights: ``(L, S)`` tensor (any device, any float dtype) or array.
+        weights: ``(L, S)``, ``(H, L, S)`` or ``(B, H, L, S)``, a tensor on any device or an array;
+            ``batch`` and ``head`` pick the matrix out of the larger shapes.
         x_tokens: labels of the ``S`` keys; ``y_tokens`` of the ``L`` queries (default: the keys').
-        mask: bool ``(L, S)``, True = may attend (the library's convention). Masked cells are
-            drawn hatched grey instead of a colour, so "masked" and "weight 0" look different.
+        mask: bool, broadcastable to ``(L, S)``; True = may attend (the library's convention).
+            Masked cells are hatched grey, so "masked" and "weight 0" look different.
         annot: write each weight in its cell; by default only while ``max(L, S) <= 12``.
         title: the axes' title. ``ax``: where to draw (a new figure by default).
     """
-    w = _to_numpy(weights)
-    if w.ndim != 2:
-        raise ValueError(f"weights must be 2-D (L, S), got shape {w.shape}")
+    w = _pick(_to_numpy(weights), batch, head)
     L, S = w.shape
     y_tokens = x_tokens if y_tokens is None else y_tokens
     for name, tokens, n in [("x_tokens", x_tokens, S), ("y_tokens", y_tokens, L)]:
@@ -44,31 +65,245 @@ def heatmap(
     hidden = None
     if mask is not None:
         m = _to_numpy(mask)
-        if m.dtype != bool or m.shape != w.shape:
-            raise ValueError(f"mask must be bool of shape {w.shape}, got {m.dtype} {m.shape}")
-        hidden = ~m
+        if m.dtype != bool:
+            raise TypeError(f"mask must be bool (True = may attend), got {m.dtype}")
+        try:
+            hidden = ~np.broadcast_to(m, w.shape)
+        except ValueError:
+            raise ValueError(f"mask of shape {m.shape} does not broadcast to {w.shape}") from None
     if annot is None:
         annot = max(L, S) <= ANNOTATE_UP_TO
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.0 + 0.55 * S, 0.8 + 0.5 * L))
+        import matplotlib.pyplot as plt  # only when drawing into a new figure of pyplot's
+
+        _, ax = plt.subplots(figsize=(1.2 + 0.5 * S, 0.8 + 0.45 * L))
     ax.set_facecolor("#dddddd")  # shows through the masked (hidden) cells
     sns.heatmap(
         w, ax=ax, mask=hidden, cmap="YlGnBu", vmin=0.0, vmax=1.0, square=True,
-        annot=annot, fmt=".2f", annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white",
-        cbar=cbar, cbar_kws={"label": "weight", "shrink": 0.8},
+        annot=annot, fmt=".2f", annot_kws={"fontsize": 8}, linewidths=0.5 if annot else 0,
+        linecolor="white", cbar=cbar, cbar_kws={"label": "weight", "shrink": 0.8},
         xticklabels=list(x_tokens) if x_tokens is not None else "auto",
         yticklabels=list(y_tokens) if y_tokens is not None else "auto",
     )
-    if hidden is not None and hidden.any():
+    if hidden is not None:
         for i, j in zip(*np.nonzero(hidden), strict=True):
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="#999999",
-                                       linewidth=0))
+            ax.add_patch(Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="#999999",
+                                   linewidth=0))
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     ax.set_title(title)
-    ax.tick_params(axis="x", labelrotation=0)
+    ax.tick_params(axis="x", labelrotation=90 if S > ANNOTATE_UP_TO else 0)
     ax.tick_params(axis="y", labelrotation=0)
     return ax
+
+
+def heads(
+    weights: torch.Tensor | np.ndarray,
+    x_tokens: Sequence[str] | None = None,
+    y_tokens: Sequence[str] | None = None,
+    batch: int = 0,
+    ncols: int = 4,
+    title: str = "",
+    mask: torch.Tensor | np.ndarray | None = None,
+) -> Figure:
+    """Draw every head of ``(H, L, S)`` or ``(B, H, L, S)`` weights side by side, one colour scale."""
+    w = _to_numpy(weights)
+    if w.ndim == 4:
+        w = w[batch]
+    if w.ndim != 3:
+        raise ValueError(f"weights must be (H, L, S) or (B, H, L, S), got shape {w.shape}")
+    H, L, S = w.shape
+    ncols = min(ncols, H)
+    nrows = math.ceil(H / ncols)
+    import matplotlib.pyplot as plt
+
+    cell = 0.3 + 0.32 * max(L, S)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(cell * ncols + 0.8, cell * nrows + 0.6),
+                             squeeze=False)
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.axis("off")
+            continue
+        heatmap(w[h], x_tokens, y_tokens, mask=mask, ax=ax, annot=False, cbar=False,
+                title=f"head {h}")
+        if h % ncols:
+            ax.set_ylabel("")
+        if h < H - ncols:
+            ax.set_xlabel("")
+    fig.colorbar(axes.flat[0].collections[0], ax=axes, shrink=0.6, label="weight")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+@dataclass
+class View:
+    """What an explorer shows for one state of its controls."""
+
+    weights: torch.Tensor | np.ndarray  # (L, S)
+    x_tokens: Sequence[str]
+    y_tokens: Sequence[str] | None = None
+    mask: torch.Tensor | np.ndarray | None = None
+    title: str = ""
+    caption: str = ""  # one line under the heatmap, e.g. "row entropy 1.23 nats"
+
+
+class InputError(ValueError):
+    """Raised by an explorer's ``compute`` for input a reader can fix; shown as a short message."""
+
+
+def render_png(view: View, dpi: int = 72) -> bytes:
+    """Draw a :class:`View` into PNG bytes, without pyplot (nothing leaks into a notebook)."""
+    L, S = _pick(_to_numpy(view.weights), 0, 0).shape
+    fig = Figure(figsize=(1.6 + 0.5 * S, 1.0 + 0.45 * L))
+    ax = fig.add_subplot()
+    heatmap(view.weights, view.x_tokens, view.y_tokens, mask=view.mask, title=view.title, ax=ax)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def explorer(
+    compute: Callable[..., View],
+    controls: Mapping[str, Sequence],
+    sentences: Sequence[str] | None = None,
+    max_tokens: int = 16,
+    static: bool | None = None,
+):
+    """An interactive heatmap: controls whose every change redraws ``compute(**state)``.
+
+    Args:
+        compute: called with one keyword argument per control (and ``sentence`` if
+            ``sentences`` is given); returns a :class:`View`, or raises :class:`InputError`
+            (or ``ValueError``) for input the reader should change.
+        controls: name -> the values it can take, in order. Numbers get a slider, anything else
+            a dropdown.
+        sentences: if given, the view takes a sentence: a text box in a live kernel (first
+            sentence filled in), a dropdown over these sentences in the static book.
+        max_tokens: longer typed sentences get a message instead of a heatmap.
+        static: precompute every state and switch in the browser (no kernel needed), or
+            recompute live. Default: static when the environment variable ``SELFATTN_STATIC=1``
+            (set by ``make book``), live otherwise.
+
+    Limits of the static mode: at most ``MAX_STATES`` (48) states, the product of the number of
+    values of every control (and of the sentences), and at most ``MAX_PAGE_BYTES`` (3 MB) of PNG
+    in the page; beyond either, a ``ValueError`` asks for fewer values.
+    """
+    import ipywidgets as widgets
+
+    if static is None:
+        static = os.environ.get(STATIC_ENV) == "1"
+    controls = dict(controls)
+    if sentences is not None:
+        sentences = list(sentences)
+        if not sentences:
+            raise ValueError("sentences must hold at least one sentence")
+    message = widgets.HTML(layout=widgets.Layout(min_height="1.5em"))
+
+    def safe_compute(**state) -> View | str:
+        sentence = state.get("sentence")
+        if sentence is not None:
+            n = len(sentence.split())
+            if n == 0:
+                return "Type a sentence first."
+            if n > max_tokens:
+                return f"That sentence has {n} tokens; this view takes at most {max_tokens}."
+        try:
+            return compute(**state)
+        except ValueError as exc:  # InputError included: the reader's input, not a bug
+            return str(exc)
+
+    names = list(controls)
+    if static:
+        options = [list(controls[n]) for n in names]
+        if sentences is not None:
+            names.append("sentence")
+            options.append(sentences)
+        n_states = math.prod(len(o) for o in options)
+        if n_states > MAX_STATES:
+            raise ValueError(f"a static explorer precomputes every state: {n_states} states "
+                             f"exceed MAX_STATES={MAX_STATES}; offer fewer values")
+        pngs = {}
+        for combo in itertools.product(*options):
+            view = safe_compute(**dict(zip(names, combo, strict=True)))
+            pngs[combo] = view if isinstance(view, str) else (render_png(view), view.caption)
+        size = sum(len(p[0]) for p in pngs.values() if not isinstance(p, str))
+        if size > MAX_PAGE_BYTES:
+            raise ValueError(f"the precomputed heatmaps take {size / 1e6:.1f} MB, over "
+                             f"MAX_PAGE_BYTES={MAX_PAGE_BYTES / 1e6:.0f} MB; offer fewer values")
+        inputs = [_control(widgets, n, o) for n, o in zip(names, options, strict=True)]
+
+        def build(level: int, prefix: tuple):
+            if level == len(names):
+                return _panel(widgets, pngs[prefix])
+            stack = widgets.Stack([build(level + 1, (*prefix, o)) for o in options[level]],
+                                  selected_index=0)
+            # one-way browser-side link: the control's index picks the stack's child
+            widgets.jsdlink((inputs[level], "index"), (stack, "selected_index"))
+            return stack
+
+        body = build(0, ())
+        return widgets.VBox([*inputs, body], layout=widgets.Layout(align_items="flex-start"))
+
+    inputs = [_control(widgets, n, list(controls[n])) for n in names]
+    if sentences is not None:
+        text = widgets.Text(value=sentences[0], description="sentence", continuous_update=False,
+                            style={"description_width": "7em"}, layout=widgets.Layout(width="32em"))
+        inputs.append(text)
+        names.append("sentence")
+    image = widgets.Image(format="png")
+    caption = widgets.HTML()
+
+    def redraw(_change=None) -> None:
+        view = safe_compute(**{n: w.value for n, w in zip(names, inputs, strict=True)})
+        if isinstance(view, str):
+            message.value = _message_html(view)
+            image.layout.display = caption.layout.display = "none"
+            return
+        message.value = ""
+        image.layout.display = caption.layout.display = None
+        image.value = render_png(view)
+        caption.value = html.escape(view.caption)
+
+    for w in inputs:
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([*inputs, message, image, caption],
+                        layout=widgets.Layout(align_items="flex-start"))
+
+
+def _control(widgets, name: str, options: list):
+    if not options:
+        raise ValueError(f"control {name!r} has no values")
+    style = {"description_width": "7em"}
+    if all(isinstance(o, (int, float)) and not isinstance(o, bool) for o in options):
+        return widgets.SelectionSlider(options=[(f"{o:g}", o) for o in options], value=options[0],
+                                       description=name, style=style)
+    pairs = [(str(o), o) for o in options]
+    return widgets.Dropdown(options=pairs, description=name, style=style,
+                            layout=widgets.Layout(width="32em" if name == "sentence" else "18em"))
+
+
+def _panel(widgets, content: tuple[bytes, str] | str):
+    if isinstance(content, str):
+        return widgets.HTML(_message_html(content))
+    png, caption = content
+    return widgets.VBox([widgets.Image(value=png, format="png"), widgets.HTML(html.escape(caption))])
+
+
+def _message_html(text: str) -> str:
+    return f'<span style="color:#a94442">&#9888; {html.escape(text)}</span>'
+
+
+def _pick(w: np.ndarray, batch: int, head: int) -> np.ndarray:
+    if w.ndim == 4:
+        w = w[batch]
+    if w.ndim == 3:
+        w = w[head]
+    if w.ndim != 2:
+        raise ValueError(f"weights must be (L, S), (H, L, S) or (B, H, L, S), got shape {w.shape}")
+    return w
 
 
 def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -76,3 +311,4 @@ def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
         x = x.detach().cpu()
         return x.numpy() if x.dtype == torch.bool else x.float().numpy()
     return np.asarray(x)
+

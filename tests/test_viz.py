@@ -1,0 +1,149 @@
+"""Heatmaps and the explorer, without a browser (tests/test_browser.py has the browser)."""
+
+import ipywidgets as widgets
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+import selfattn
+from selfattn import viz
+
+widget_registry = widgets.widgets.widget._instances  # every live widget, by model id
+
+matplotlib.use("Agg")
+
+
+def teardown_function():
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (3, 4, 5), (2, 3, 4, 5)])
+def test_heatmap_takes_every_layout_and_picks_the_index(shape):
+    w = torch.rand(shape)
+    ax = viz.heatmap(w, list("abcde"), list("pqrs"), head=1 if len(shape) > 2 else 0,
+                     batch=1 if len(shape) > 3 else 0)
+    drawn = ax.collections[0].get_array().reshape(4, 5)
+    expected = w[(1,) * (len(shape) - 2)] if len(shape) > 2 else w
+    np.testing.assert_allclose(drawn, expected.numpy(), rtol=1e-6)
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("abcde")
+    assert [t.get_text() for t in ax.get_yticklabels()] == list("pqrs")
+
+
+def test_heatmap_annotates_short_sequences_only():
+    short = viz.heatmap(torch.rand(3, 3), list("abc"))
+    assert len(short.texts) == 9
+    long_ = viz.heatmap(torch.rand(20, 20), [str(i) for i in range(20)])
+    assert len(long_.texts) == 0
+
+
+def test_heatmap_hatches_masked_cells():
+    keep = selfattn.causal_mask(4)
+    _, w = selfattn.scaled_dot_product_attention(*(torch.randn(4, 8) for _ in range(3)),
+                                                 attn_mask=keep)
+    ax = viz.heatmap(w, list("abcd"), mask=keep)
+    assert len([p for p in ax.patches if p.get_hatch()]) == int((~keep).sum())
+    assert len(ax.texts) == int(keep.sum())  # masked cells carry no number
+
+
+def test_heatmap_bad_input():
+    with pytest.raises(ValueError, match="x_tokens has 2 labels for 3"):
+        viz.heatmap(torch.rand(3, 3), ["a", "b"])
+    with pytest.raises(ValueError, match=r"\(2, 2, 2, 2, 2\)"):
+        viz.heatmap(torch.rand(2, 2, 2, 2, 2))
+    with pytest.raises(TypeError, match="bool"):
+        viz.heatmap(torch.rand(3, 3), mask=torch.ones(3, 3))
+
+
+def test_heads_draws_one_panel_per_head():
+    fig = viz.heads(torch.rand(2, 6, 4, 4), list("abcd"), batch=1, ncols=4)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == [f"head {h}" for h in range(6)]
+
+
+def toy_view(scale, mask, sentence="a b c"):
+    words = sentence.split()
+    if "zz" in words:
+        raise viz.InputError("unknown word 'zz'")
+    g = torch.Generator().manual_seed(len(words))
+    x = torch.randn(len(words), 4, generator=g)
+    m = selfattn.causal_mask(len(words)) if mask == "causal" else None
+    _, w = selfattn.scaled_dot_product_attention(x, x, x, attn_mask=m, scale=scale)
+    return viz.View(w, words, mask=m, title=f"scale {scale}", caption=f"max {w.max():.3f}")
+
+
+def leaves(widget):
+    """The panels at the bottom of a static explorer's nested stacks."""
+    if isinstance(widget, widgets.Stack):
+        return [leaf for child in widget.children for leaf in leaves(child)]
+    return [widget]
+
+
+def test_static_explorer_precomputes_every_state_and_links_controls_in_the_browser():
+    before = set(widget_registry)
+    e = viz.explorer(toy_view, {"scale": [0.0, 1.0, 2.0], "mask": ["none", "causal"]},
+                     sentences=["a b c", "d e f g"], static=True)
+    *controls, body = e.children
+    assert [c.description for c in controls] == ["scale", "mask", "sentence"]
+    panels = leaves(body)
+    assert len(panels) == 3 * 2 * 2
+    pngs = {p.children[0].value for p in panels}
+    assert len(pngs) == 12  # every state drew a different picture
+    links = [w for k, w in widget_registry.items()
+             if k not in before and isinstance(w, widgets.widget_link.DirectionalLink)]
+    assert {link.source[0] for link in links} == set(controls)
+    assert all(link.source[1] == "index" and link.target[1] == "selected_index" for link in links)
+    assert len(links) == 1 + 3 + 3 * 2  # one link per stack in the tree
+
+
+def test_static_explorer_refuses_too_many_states():
+    with pytest.raises(ValueError, match="MAX_STATES"):
+        viz.explorer(toy_view, {"scale": list(range(10)), "mask": ["none", "causal"]},
+                     sentences=["a", "b", "c"], static=True)
+
+
+def test_static_explorer_shows_a_message_for_a_bad_prepared_sentence():
+    e = viz.explorer(toy_view, {"scale": [1.0], "mask": ["none"]},
+                     sentences=["a b", "zz top"], static=True)
+    bad = leaves(e.children[-1])[1]
+    assert isinstance(bad, widgets.HTML) and "unknown word" in bad.value
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "Type a sentence"),
+    ("a zz c", "unknown word"),
+    (" ".join("x" * 20), "at most 16"),
+])
+def test_live_explorer_answers_bad_input_with_a_message(text, message):
+    e = viz.explorer(toy_view, {"scale": [1.0, 2.0], "mask": ["none", "causal"]},
+                     sentences=["a b c"], static=False)
+    *_, sentence, msg, image, _caption = e.children
+    first = image.value
+    assert first and msg.value == ""
+    sentence.value = text  # must not raise
+    assert message in msg.value and "Traceback" not in msg.value
+    assert image.layout.display == "none"
+    sentence.value = "a b c d"
+    assert msg.value == "" and image.value != first and image.layout.display is None
+
+
+def test_live_explorer_redraws_on_every_control():
+    e = viz.explorer(toy_view, {"scale": [1.0, 2.0], "mask": ["none", "causal"]}, static=False)
+    scale, mask, _msg, image, caption = e.children
+    seen = {image.value}
+    scale.value = 2.0
+    seen.add(image.value)
+    mask.value = "causal"
+    seen.add(image.value)
+    assert len(seen) == 3 and caption.value.startswith("max")
+
+
+def test_explorer_mode_follows_the_environment(monkeypatch):
+    monkeypatch.setenv(viz.STATIC_ENV, "1")
+    e = viz.explorer(toy_view, {"scale": [1.0], "mask": ["none"]})
+    assert isinstance(e.children[-1], widgets.Stack)
+    monkeypatch.delenv(viz.STATIC_ENV)
+    e = viz.explorer(toy_view, {"scale": [1.0], "mask": ["none"]})
+    assert isinstance(e.children[-2], widgets.Image)
