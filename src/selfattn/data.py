@@ -1,0 +1,95 @@
+"""Synthetic tasks, generated from a seed: small enough to train on a CPU in seconds.
+
+The tagging task of chapter 1 makes "context at a distance" measurable. Every sequence holds one
+ambiguous word (think of the two "saw"s of "I saw a saw") whose tag is fixed by a single cue word
+``distance`` positions to its left: after cue ``c`` the ambiguous word takes sense ``c`` (after a
+determiner "saw" is a noun, after a pronoun a verb; the task has ``n_cues`` such senses). Every
+other word's tag is fixed by the word alone. A tagger that cannot see ``distance`` tokens back can
+do no better than chance, ``1 / n_cues``, on the ambiguous word.
+
+Token ids: ``0`` is the ambiguous word, ``1..n_cues`` the cues, the rest fillers.
+Tag ids: ``0..n_cues-1`` the ambiguous word's senses, ``n_cues..2*n_cues-1`` the cues' own tags,
+then ``n_filler_tags`` tags for the fillers (filler ``w`` gets ``2*n_cues + w % n_filler_tags``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .checks import check_positive_int
+
+AMBIGUOUS = 0
+
+
+@dataclass(frozen=True)
+class TaggingData:
+    """A batch of the distance-cue tagging task."""
+
+    tokens: Tensor  # (N, T) token ids
+    tags: Tensor  # (N, T) tag ids
+    position: Tensor  # (N,) where the ambiguous word is
+    distance: Tensor  # (N,) how far to its left the cue is
+    vocab_size: int
+    n_tags: int
+    n_cues: int
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def cue_position(self) -> Tensor:
+        """(N,) where the cue is."""
+        return self.position - self.distance
+
+    def words(self, i: int) -> list[str]:
+        """Sequence ``i`` as readable words: ``saw`` (ambiguous), ``c1``.. (cues), ``w5``.. (fillers)."""
+        return ["saw" if t == AMBIGUOUS else f"c{t}" if t <= self.n_cues else f"w{t}"
+                for t in self.tokens[i].tolist()]
+
+
+def tagging_task(
+    n: int,
+    seq_len: int = 32,
+    min_distance: int = 1,
+    max_distance: int | None = None,
+    n_cues: int = 4,
+    vocab_size: int = 32,
+    n_filler_tags: int = 4,
+    seed: int = 0,
+) -> TaggingData:
+    """Generate ``n`` sequences of the distance-cue tagging task.
+
+    The cue sits ``distance`` tokens left of the ambiguous word, ``distance`` uniform in
+    ``[min_distance, max_distance]`` (default: up to ``seq_len - 1``, the whole sequence); the
+    ambiguous word's position is uniform among those that leave room for the cue. The same seed
+    always gives the same data.
+    """
+    check_positive_int(n, "n")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(n_cues, "n_cues")
+    max_distance = seq_len - 1 if max_distance is None else max_distance
+    if not 1 <= min_distance <= max_distance <= seq_len - 1:
+        raise ValueError(
+            f"need 1 <= min_distance <= max_distance <= seq_len - 1, got min_distance="
+            f"{min_distance}, max_distance={max_distance}, seq_len={seq_len}"
+        )
+    first_filler = n_cues + 1
+    if vocab_size <= first_filler:
+        raise ValueError(f"vocab_size must exceed 1 + n_cues = {first_filler}, got {vocab_size}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(first_filler, vocab_size, (n, seq_len), generator=g)  # (N, T)
+    tags = 2 * n_cues + tokens % n_filler_tags  # (N, T)
+    distance = torch.randint(min_distance, max_distance + 1, (n,), generator=g)  # (N,)
+    # the ambiguous word sits at distance + u, u uniform in [0, seq_len - 1 - distance]
+    position = distance + (torch.rand(n, generator=g) * (seq_len - distance)).long()  # (N,)
+    cue = torch.randint(1, n_cues + 1, (n,), generator=g)  # (N,) which cue word
+    rows = torch.arange(n)
+    tokens[rows, position - distance] = cue
+    tags[rows, position - distance] = n_cues + cue - 1
+    tokens[rows, position] = AMBIGUOUS
+    tags[rows, position] = cue - 1
+    return TaggingData(tokens, tags, position, distance, vocab_size,
+                       2 * n_cues + n_filler_tags, n_cues)

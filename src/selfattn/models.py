@@ -1,0 +1,104 @@
+"""Tiny taggers built from the library's parts: each maps token ids (B, T) to tag logits (B, T, n_tags).
+
+Chapter 1 trains one of each on the distance-cue task (:func:`selfattn.data.tagging_task`) to
+measure how far each can look: a windowed fully-connected layer, a stack of 1-D convolutions, a
+bidirectional GRU, and one layer of self-attention with positional encoding.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checks import check_positive_int
+from .multihead import MultiHeadAttention
+from .positional import sinusoidal_encoding
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of trainable numbers in ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class WindowTagger(nn.Module):
+    """A fully-connected layer over each token and its ``window`` neighbours on either side.
+
+    With ``window=0`` this is the per-token FC layer that gives both "saw"s the same tag. The
+    first layer has ``(2 * window + 1) * d`` inputs: parameters grow linearly with the window.
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
+                 hidden: int = 64) -> None:
+        super().__init__()
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        self.window = window
+        self.embed = nn.Embedding(vocab_size, d)
+        self.mlp = nn.Sequential(nn.Linear((2 * window + 1) * d, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, n_tags))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        B, T = tokens.shape
+        w = self.window
+        x = F.pad(self.embed(tokens), (0, 0, w, w))  # (B, T + 2w, d), zeros beyond the ends
+        windows = x.unfold(1, 2 * w + 1, 1)  # (B, T, d, 2w + 1)
+        windows = windows.transpose(2, 3).reshape(B, T, -1)  # (B, T, (2w + 1) * d)
+        return self.mlp(windows)  # (B, T, n_tags)
+
+
+class CNNTagger(nn.Module):
+    """``n_layers`` 1-D convolutions of width ``kernel``: each token sees ``n_layers * (kernel // 2)``
+    neighbours on either side (the receptive field), and no further."""
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, kernel: int = 5,
+                 n_layers: int = 2) -> None:
+        super().__init__()
+        if kernel % 2 == 0:
+            raise ValueError(f"kernel must be odd to keep the length, got {kernel}")
+        self.embed = nn.Embedding(vocab_size, d)
+        self.convs = nn.ModuleList(nn.Conv1d(d, d, kernel, padding=kernel // 2)
+                                   for _ in range(check_positive_int(n_layers, "n_layers")))
+        self.out = nn.Linear(d, n_tags)
+        self.reach = n_layers * (kernel // 2)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens).transpose(1, 2)  # (B, d, T): channels first for Conv1d
+        for conv in self.convs:
+            x = F.relu(conv(x))  # (B, d, T)
+        return self.out(x.transpose(1, 2))  # (B, T, n_tags)
+
+
+class RNNTagger(nn.Module):
+    """A bidirectional GRU: information travels one step at a time, in both directions."""
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, hidden: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.rnn = nn.GRU(d, hidden, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * hidden, n_tags)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h, _ = self.rnn(self.embed(tokens))  # (B, T, 2 * hidden)
+        return self.out(h)  # (B, T, n_tags)
+
+
+class AttentionTagger(nn.Module):
+    """Embedding + sinusoidal positions, one self-attention layer with a residual, then an MLP."""
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
+                 max_len: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
+        self.attn = MultiHeadAttention(d, n_heads)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
+
+    def forward(self, tokens: Tensor, need_weights: bool = False):
+        """Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``."""
+        T = tokens.shape[1]
+        if T > self.pe.shape[0]:
+            raise ValueError(f"sequence of {T} tokens is longer than max_len={self.pe.shape[0]}")
+        x = self.embed(tokens) + self.pe[:T]  # (B, T, d)
+        a, weights = self.attn(x, need_weights=need_weights)  # (B, T, d)
+        logits = self.mlp(x + a)  # (B, T, n_tags)
+        return (logits, weights) if need_weights else logits

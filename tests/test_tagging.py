@@ -1,0 +1,120 @@
+"""The chapter-1 task, taggers and training loop."""
+
+import itertools
+
+import pytest
+import torch
+
+from selfattn import data, models, train
+from selfattn.positional import sinusoidal_encoding
+
+
+def test_labels_match_an_independent_rule():
+    d = data.tagging_task(300, seq_len=20, n_cues=3, seed=5)
+    for i in range(len(d)):
+        words = d.tokens[i].tolist()
+        tags = d.tags[i].tolist()
+        # rule: exactly one ambiguous word and one cue; the word's tag is the nearest cue to its
+        # left, minus one; every other word's tag depends on the word alone
+        assert words.count(0) == 1
+        cues = [j for j, w in enumerate(words) if 1 <= w <= 3]
+        assert len(cues) == 1
+        amb = words.index(0)
+        assert cues[0] < amb and amb - cues[0] == d.distance[i] and amb == d.position[i]
+        assert tags[amb] == words[cues[0]] - 1
+        assert tags[cues[0]] == 3 + words[cues[0]] - 1
+        for j, w in enumerate(words):
+            if w > 3:
+                assert tags[j] == 6 + w % 4
+
+
+def test_distances_cover_the_requested_range_and_seed_is_deterministic():
+    d = data.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
+    assert set(d.distance.tolist()) == set(range(3, 10))
+    again = data.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
+    assert torch.equal(d.tokens, again.tokens) and torch.equal(d.tags, again.tags)
+    assert not torch.equal(d.tokens, data.tagging_task(2000, seq_len=16, min_distance=3,
+                                                       max_distance=9, seed=2).tokens)
+    assert d.words(0)[d.position[0]] == "saw"
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_distance=0), dict(max_distance=16), dict(vocab_size=5)])
+def test_bad_task_arguments(kwargs):
+    with pytest.raises(ValueError):
+        data.tagging_task(10, seq_len=16, **kwargs)
+
+
+TAGGERS = {
+    "window": lambda v, c: models.WindowTagger(v, c, window=3),
+    "cnn": lambda v, c: models.CNNTagger(v, c),
+    "rnn": lambda v, c: models.RNNTagger(v, c),
+    "attention": lambda v, c: models.AttentionTagger(v, c),
+}
+
+
+@pytest.mark.parametrize("name", TAGGERS)
+@pytest.mark.parametrize(("B", "T"), [(1, 1), (3, 7), (2, 40)])
+def test_taggers_run_on_any_batch_and_length(name, B, T):
+    model = TAGGERS[name](20, 6)
+    out = model(torch.randint(0, 20, (B, T)))
+    assert out.shape == (B, T, 6)
+
+
+@pytest.mark.parametrize("name", TAGGERS)
+def test_one_training_step_lowers_the_loss(name):
+    torch.manual_seed(0)
+    d = data.tagging_task(64, seq_len=12, seed=0)
+    model = TAGGERS[name](d.vocab_size, d.n_tags)
+    h = train.train(model, d, steps=2, batch_size=64, lr=1e-2, progress=False)
+    assert h.loss[1] < h.loss[0]
+
+
+def test_training_is_deterministic_with_a_seed():
+    d = data.tagging_task(200, seq_len=12, seed=0)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        model = models.AttentionTagger(d.vocab_size, d.n_tags)
+        runs.append((train.train(model, d, steps=5, progress=False).loss,
+                     model.mlp[0].weight.clone()))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_receptive_fields_of_window_and_cnn():
+    # changing a token farther than the reach never changes the prediction at position 10
+    for model, reach in [(models.WindowTagger(20, 6, window=2), 2),
+                         (models.CNNTagger(20, 6, kernel=5, n_layers=2), 4)]:
+        x = torch.randint(3, 20, (1, 21))
+        base = model(x)[0, 10]
+        for j in range(21):
+            y = x.clone()
+            y[0, j] = (x[0, j] + 1) % 20
+            changed = not torch.allclose(model(y)[0, 10], base)
+            assert changed == (abs(j - 10) <= reach), (j, reach)
+
+
+def test_window_parameters_grow_linearly_with_the_window():
+    counts = [models.count_parameters(models.WindowTagger(30, 5, d=8, window=w, hidden=10))
+              for w in range(4)]
+    steps = {b - a for a, b in itertools.pairwise(counts)}
+    assert steps == {2 * 8 * 10}  # two more d-wide inputs into a hidden layer of 10
+
+
+def test_accuracy_by_distance_and_bad_length():
+    d = data.tagging_task(50, seq_len=10, seed=0)
+    model = models.AttentionTagger(d.vocab_size, d.n_tags, max_len=16)
+    acc = train.accuracy_by_distance(model, d)
+    assert set(acc) == set(d.distance.tolist()) and all(0 <= a <= 1 for a in acc.values())
+    with pytest.raises(ValueError, match="max_len=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_sinusoidal_encoding_matches_the_formula():
+    pe = sinusoidal_encoding(50, 16)
+    for pos in (0, 7, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle)).item(), abs=1e-5)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-5)
+    with pytest.raises(ValueError, match="even"):
+        sinusoidal_encoding(4, 7)
