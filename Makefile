@@ -34,7 +34,7 @@ book: $(STAMP) $(VENDOR)
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
 		rm -rf _build; \
 	fi; \
-	SELFATTN_STATIC=1 $(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 test: book

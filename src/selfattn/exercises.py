@@ -11,11 +11,13 @@ from collections.abc import Callable
 import torch
 
 from .attention import scaled_dot_product_attention
+from .bench import influence
 from .masks import causal_mask, padding_mask
+from .models import CNNTagger, WindowTagger, count_parameters
 
 
 def _report(ok: bool, message: str) -> bool:
-    print(("✅ Correct: " if ok else "❌ Not yet: ") + message)
+    print(("✓ Correct: " if ok else "✗ Not yet: ") + message)
     return ok
 
 
@@ -76,3 +78,44 @@ def check_attention(fn: Callable[..., torch.Tensor]) -> bool:
     if torch.allclose(got, unmasked):
         return _report(False, "the output ignores the mask: padded keys must get weight 0")
     return _report(False, f"largest difference from the reference: {(got - want).abs().max():.3g}")
+
+
+def check_window_parameters(fn: Callable[..., int]) -> bool:
+    """Chapter 1, exercise 1: ``fn(window, d, hidden, n_tags, vocab_size)`` counts the parameters
+    of a :class:`~selfattn.models.WindowTagger`."""
+    for window, d, hidden, n_tags, vocab in [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)]:
+        try:
+            got = fn(window, d, hidden, n_tags, vocab)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        want = count_parameters(WindowTagger(vocab, n_tags, d=d, window=window, hidden=hidden))
+        if got != want:
+            return _report(False, f"for window={window}, d={d}, hidden={hidden}, n_tags={n_tags}, "
+                                  f"vocab_size={vocab}: you say {got}, the model has {want}")
+    return _report(True, "embedding + first layer ((2w+1)*d*hidden + hidden) + output layer")
+
+
+def check_cnn_reach(fn: Callable[[int, int], int]) -> bool:
+    """Chapter 1, exercise 2: ``fn(n_layers, kernel)`` is how many positions to each side a
+    :class:`~selfattn.models.CNNTagger` sees, checked against the measured receptive field."""
+    torch.manual_seed(0)
+    for n_layers, kernel in [(1, 3), (2, 5), (3, 3), (4, 7)]:
+        try:
+            got = fn(n_layers, kernel)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
+        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
+
+        def layers(h, model=model):  # the convolutions alone: a ReLU never widens the reach
+            h = h.transpose(1, 2)  # (B, d, T)
+            for conv in model.convs:
+                h = conv(h)
+            return h.transpose(1, 2)
+
+        seen = influence(layers, x, t=30)
+        want = int(seen.sum().item() - 1) // 2
+        if got != want:
+            return _report(False, f"{n_layers} layers of width {kernel}: you say {got}, "
+                                  f"the measured reach is {want} on each side")
+    return _report(True, "each layer adds kernel // 2 positions on each side")

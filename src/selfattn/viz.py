@@ -118,8 +118,8 @@ def heads(
     import matplotlib.pyplot as plt
 
     cell = 0.3 + 0.32 * max(L, S)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(cell * ncols + 0.8, cell * nrows + 0.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(cell * ncols + 1.0, cell * nrows + 0.8),
+                             squeeze=False, layout="constrained")
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
