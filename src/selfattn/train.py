@@ -39,7 +39,10 @@ def train(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     history = History()
     model.train()
-    for _ in tqdm(range(steps), desc=desc, disable=not progress, leave=False):
+    # progress=False turns the bar off; otherwise tqdm decides, so TQDM_DISABLE=1 (set by the
+    # book build, where a bar would be a dead widget on a static page) still applies
+    bar = {} if progress else {"disable": True}
+    for _ in tqdm(range(steps), desc=desc, leave=False, **bar):
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         tokens, tags = data.tokens[idx].to(device), data.tags[idx].to(device)
         logits = model(tokens)  # (B, T, n_tags)
