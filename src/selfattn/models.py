@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from .checks import check_positive_int
 from .multihead import MultiHeadAttention
 from .positional import sinusoidal_encoding
+from .scoring import ScoredSelfAttention
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -83,14 +84,19 @@ class RNNTagger(nn.Module):
 
 
 class AttentionTagger(nn.Module):
-    """Embedding + sinusoidal positions, one self-attention layer with a residual, then an MLP."""
+    """Embedding + sinusoidal positions, one self-attention layer with a residual, then an MLP.
+
+    By default the layer is :class:`~selfattn.MultiHeadAttention` with ``n_heads`` heads; with
+    ``scorer`` (``"dot"``, ``"scaled_dot"`` or ``"additive"``) it is one head scored that way
+    (:class:`~selfattn.scoring.ScoredSelfAttention`), so chapters can compare scorers.
+    """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
-                 max_len: int = 512) -> None:
+                 max_len: int = 512, scorer: str | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
-        self.attn = MultiHeadAttention(d, n_heads)
+        self.attn = MultiHeadAttention(d, n_heads) if scorer is None else ScoredSelfAttention(d, scorer)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
 
     def forward(self, tokens: Tensor, need_weights: bool = False):
@@ -99,6 +105,10 @@ class AttentionTagger(nn.Module):
         if T > self.pe.shape[0]:
             raise ValueError(f"sequence of {T} tokens is longer than max_len={self.pe.shape[0]}")
         x = self.embed(tokens) + self.pe[:T]  # (B, T, d)
-        a, weights = self.attn(x, need_weights=need_weights)  # (B, T, d)
+        if isinstance(self.attn, MultiHeadAttention):
+            a, weights = self.attn(x, need_weights=need_weights)  # (B, T, d), (B, H, T, T)
+        else:
+            a, weights = self.attn(x)  # (B, T, d), (B, T, T)
+            weights = weights.unsqueeze(1)  # (B, 1, T, T): one head
         logits = self.mlp(x + a)  # (B, T, n_tags)
         return (logits, weights) if need_weights else logits

@@ -1,0 +1,129 @@
+r"""Scoring functions: how relevant is key $k$ to query $q$?
+
+* dot product: $s(q, k) = q \cdot k$;
+* scaled dot product (Vaswani et al. 2017, §3.2.1): $s(q, k) = q \cdot k / \sqrt{d_k}$;
+* additive (Bahdanau et al. 2015, §3.1 and appendix A.1.2): $s(q, k) = w^\top \tanh(W_q q + W_k k)$.
+
+A scorer maps ``query (..., L, Eq)`` and ``key (..., S, Ek)`` to scores ``(..., L, S)``;
+:func:`attention` turns any scorer's scores into weights with the library's masked softmax.
+The dot products need ``Eq == Ek``; the additive scorer projects both sides, so it does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import masked_softmax
+from .checks import check_dropout, check_mask, check_positive_int, check_same_dtype_device, check_tensor
+
+Scorer = Callable[[Tensor, Tensor], Tensor]
+
+
+def _check_pair(query: object, key: object, same_width: bool) -> None:
+    check_tensor(query, "query", min_rank=2)
+    check_tensor(key, "key", min_rank=2)
+    check_same_dtype_device(query=query, key=key)
+    if same_width and query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"a dot product needs query and key of the same width, got query "
+            f"{tuple(query.shape)} and key {tuple(key.shape)}; project one of them first, or "
+            "use the additive scorer"
+        )
+
+
+def dot_scores(query: Tensor, key: Tensor) -> Tensor:
+    r"""$q \cdot k$ for every query and key: ``(..., L, E), (..., S, E) -> (..., L, S)``."""
+    _check_pair(query, key, same_width=True)
+    return query @ key.transpose(-2, -1)  # (..., L, S)
+
+
+def scaled_dot_scores(query: Tensor, key: Tensor, scale: float | None = None) -> Tensor:
+    r"""$q \cdot k \cdot \text{scale}$, by default $\text{scale} = 1/\sqrt{d_k}$."""
+    _check_pair(query, key, same_width=True)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return (query * scale) @ key.transpose(-2, -1)  # (..., L, S)
+
+
+class AdditiveScorer(nn.Module):
+    r"""Bahdanau et al.'s additive score $w^\top \tanh(W_q q + W_k k)$, with its parameters.
+
+    ``query_dim`` and ``key_dim`` may differ. The sum $W_q q + W_k k$ is formed for every pair,
+    a ``(..., L, S, hidden)`` tensor: memory and time grow with ``L * S * hidden``, not
+    ``L * S`` as for a dot product.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w_q = nn.Linear(check_positive_int(query_dim, "query_dim"), hidden, bias=False)
+        self.w_k = nn.Linear(check_positive_int(key_dim, "key_dim"), hidden, bias=True)
+        self.w = nn.Linear(check_positive_int(hidden, "hidden"), 1, bias=False)
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        _check_pair(query, key, same_width=False)
+        for name, x, width in [("query", query, self.w_q.in_features),
+                               ("key", key, self.w_k.in_features)]:
+            if x.shape[-1] != width:
+                raise ValueError(f"{name} must have {width} features, got shape {tuple(x.shape)}")
+        hq = self.w_q(query).unsqueeze(-2)  # (..., L, 1, h)
+        hk = self.w_k(key).unsqueeze(-3)  # (..., 1, S, h)
+        return self.w(torch.tanh(hq + hk)).squeeze(-1)  # (..., L, S, h) -> (..., L, S)
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    scorer: Scorer = scaled_dot_scores,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    r"""$\operatorname{softmax}(s(Q, K) + M)\,V$ for any scorer $s$; returns ``(output, weights)``.
+
+    Masks mean what they mean in :func:`selfattn.scaled_dot_product_attention`: bool True = may
+    attend, float = added to the scores; fully masked rows get zero weights.
+    """
+    check_tensor(value, "value", min_rank=2)
+    scores = scorer(query, key)  # (..., L, S)
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same length S, got key {tuple(key.shape)} and value "
+            f"{tuple(value.shape)}"
+        )
+    if attn_mask is not None:
+        check_mask(attn_mask, tuple(scores.shape))
+    weights = masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
+    if check_dropout(dropout_p) > 0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    return weights @ value, weights  # (..., L, Ev), (..., L, S)
+
+
+class ScoredSelfAttention(nn.Module):
+    """One head of self-attention whose scorer is chosen by name: ``"dot"`` (no scale),
+    ``"scaled_dot"`` or ``"additive"``. Holds $W^q, W^k, W^v$; returns ``(output, weights)``."""
+
+    SCORERS = ("dot", "scaled_dot", "additive")
+
+    def __init__(self, d_model: int, scorer: str = "scaled_dot", hidden: int | None = None) -> None:
+        super().__init__()
+        if scorer not in self.SCORERS:
+            raise ValueError(f"scorer must be one of {self.SCORERS}, got {scorer!r}")
+        self.scorer_name = scorer
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.additive = AdditiveScorer(d_model, d_model, hidden or d_model) if scorer == "additive" else None
+
+    def score(self, query: Tensor, key: Tensor) -> Tensor:
+        if self.additive is not None:
+            return self.additive(query, key)
+        return dot_scores(query, key) if self.scorer_name == "dot" else scaled_dot_scores(query, key)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, d) each
+        return attention(q, k, v, scorer=self.score, attn_mask=attn_mask)
