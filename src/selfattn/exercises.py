@@ -119,3 +119,36 @@ def check_cnn_reach(fn: Callable[[int, int], int]) -> bool:
             return _report(False, f"{n_layers} layers of width {kernel}: you say {got}, "
                                   f"the measured reach is {want} on each side")
     return _report(True, "each layer adds kernel // 2 positions on each side")
+
+
+def check_dot_variance(answer: object) -> bool:
+    """Chapter 4, exercise 1: the variance of q . k for d = 100 entries of variance 0.5 each."""
+    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
+        return _report(False, f"set the answer to a number, got {answer!r}")
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(40_000, 100, generator=g, dtype=torch.float64) * 0.5**0.5
+    k = torch.randn(40_000, 100, generator=g, dtype=torch.float64) * 0.5**0.5
+    measured = (q * k).sum(-1).var().item()
+    if abs(answer - measured) / measured < 0.06:
+        return _report(True, f"each product has variance 0.5 * 0.5 = 0.25; 100 of them give 25 "
+                             f"(measured over 40,000 samples: {measured:.2f})")
+    return _report(False, f"{answer} is far from the measured variance; each term q_i k_i has "
+                          "variance Var(q_i) * Var(k_i)")
+
+
+def check_unit_variance_scale(fn: Callable[[int], float]) -> bool:
+    """Chapter 4, exercise 2: ``fn(d)`` is the scale that gives q . k unit variance."""
+    g = torch.Generator().manual_seed(5)
+    for d in (4, 64, 512):
+        try:
+            scale = fn(d)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+            return _report(False, f"my_scale({d}) should return a number, got {scale!r}")
+        q = torch.randn(50_000, d, generator=g, dtype=torch.float64)
+        k = torch.randn(50_000, d, generator=g, dtype=torch.float64)
+        var = ((q * k).sum(-1) * scale).var().item()
+        if not 0.9 < var < 1.1:
+            return _report(False, f"with d={d} your scale {scale:.4g} gives variance {var:.3g}, not 1")
+    return _report(True, "scale = 1/sqrt(d): the variance d times scale^2 is 1")
