@@ -14,6 +14,7 @@ from .attention import scaled_dot_product_attention
 from .bench import influence
 from .masks import causal_mask, padding_mask
 from .models import CNNTagger, WindowTagger, count_parameters
+from .scoring import AdditiveScorer
 
 
 def _report(ok: bool, message: str) -> bool:
@@ -152,3 +153,34 @@ def check_unit_variance_scale(fn: Callable[[int], float]) -> bool:
         if not 0.9 < var < 1.1:
             return _report(False, f"with d={d} your scale {scale:.4g} gives variance {var:.3g}, not 1")
     return _report(True, "scale = 1/sqrt(d): the variance d times scale^2 is 1")
+
+
+def check_additive_parameters(fn: Callable[[int, int, int], int]) -> bool:
+    """Chapter 3, exercise 1: ``fn(query_dim, key_dim, hidden)`` counts an AdditiveScorer's numbers."""
+    for q_dim, k_dim, hidden in [(8, 8, 4), (10, 3, 16), (1, 1, 1)]:
+        try:
+            got = fn(q_dim, k_dim, hidden)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        want = count_parameters(AdditiveScorer(q_dim, k_dim, hidden))
+        if got != want:
+            return _report(False, f"query_dim={q_dim}, key_dim={k_dim}, hidden={hidden}: you say "
+                                  f"{got!r}, the scorer has {want}")
+    return _report(True, "W_q (hidden x query_dim) + W_k and its bias (hidden x key_dim + hidden) "
+                         "+ w (hidden)")
+
+
+def check_additive_bytes(fn: Callable[[int, int, int], int]) -> bool:
+    """Chapter 3, exercise 2: ``fn(L, S, hidden)`` is the size in bytes of the float32
+    ``(L, S, hidden)`` tensor the additive scorer builds, checked against the real tensor."""
+    for L, S, hidden in [(4, 6, 8), (128, 128, 32), (1, 1000, 3)]:
+        try:
+            got = fn(L, S, hidden)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        scorer = AdditiveScorer(2, 2, hidden)
+        pairs = scorer.w_q(torch.zeros(L, 2)).unsqueeze(-2) + scorer.w_k(torch.zeros(S, 2)).unsqueeze(-3)
+        if got != pairs.nbytes:
+            return _report(False, f"L={L}, S={S}, hidden={hidden}: you say {got!r}, the tensor "
+                                  f"takes {pairs.nbytes} bytes")
+    return _report(True, "L * S * hidden numbers of 4 bytes each")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -39,10 +40,10 @@ def train(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     history = History()
     model.train()
-    # progress=False turns the bar off; otherwise tqdm decides, so TQDM_DISABLE=1 (set by the
-    # book build, where a bar would be a dead widget on a static page) still applies
-    bar = {} if progress else {"disable": True}
-    for _ in tqdm(range(steps), desc=desc, leave=False, **bar):
+    # TQDM_DISABLE=1 (set by the book build, where a bar would be a dead widget on a static
+    # page) turns the bar off too: tqdm's notebook bar does not read it by itself
+    disable = not progress or os.environ.get("TQDM_DISABLE", "0") not in ("", "0")
+    for _ in tqdm(range(steps), desc=desc, leave=False, disable=disable):
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         tokens, tags = data.tokens[idx].to(device), data.tags[idx].to(device)
         logits = model(tokens)  # (B, T, n_tags)
