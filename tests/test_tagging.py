@@ -118,3 +118,16 @@ def test_sinusoidal_encoding_matches_the_formula():
             assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-5)
     with pytest.raises(ValueError, match="even"):
         sinusoidal_encoding(4, 7)
+
+
+def test_neighbour_task_tags_are_the_two_neighbours():
+    d = data.neighbour_task(50, seq_len=7, vocab_size=4, seed=0)
+    assert d.n_tags == 25 and d.tokens.shape == d.tags.shape == (50, 7)
+    for i in range(50):
+        x = d.tokens[i].tolist()
+        for t in range(7):
+            left = x[t - 1] if t > 0 else 4
+            right = x[t + 1] if t < 6 else 4
+            assert d.tags[i, t] == left * 5 + right
+    with pytest.raises(ValueError, match="seq_len"):
+        data.neighbour_task(5, seq_len=1)

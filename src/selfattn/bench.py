@@ -32,3 +32,34 @@ def influence(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
     out = layer(x)  # (B, T, d_out)
     (grad,) = torch.autograd.grad(out[:, t].sum(), x)
     return grad.abs().sum(dim=(0, 2)) > 0  # (T,)
+
+
+def _decode_inputs(model, context: int, seed: int = 0):
+    """A KV cache already holding ``context`` random tokens, and one new token to decode."""
+    from .multihead import KVCache  # bench depends on the math, never the reverse
+
+    cfg = model.config
+    p = next(model.parameters())
+    g = torch.Generator().manual_seed(seed)
+    cache = KVCache(capacity=context + 64)
+    k = torch.randn(1, cfg.n_kv_heads, context, cfg.head_dim, generator=g).to(p)
+    cache.append(k, k.clone())
+    x = torch.randn(1, 1, cfg.d_model, generator=g).to(p)
+    return cache, x
+
+
+def naive_decode_step(model, x: Tensor, cache) -> Tensor:
+    """One decoding step that copies each key/value head ``n_heads / n_kv_heads`` times
+    (``repeat_interleave``), as most first implementations of GQA/MQA do."""
+    import torch.nn.functional as F
+
+    cfg = model.config
+    B, L, _ = x.shape
+    q = model.q_proj(x).view(B, L, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, H, 1, hd)
+    k = model.k_proj(x).view(B, L, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, 1, hd)
+    v = model.v_proj(x).view(B, L, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    k, v = cache.append(k, v)  # (B, Hkv, S, hd)
+    k = k.repeat_interleave(cfg.group_size, dim=1)  # (B, H, S, hd): a full copy per step
+    v = v.repeat_interleave(cfg.group_size, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, hd)
+    return model.out_proj(out.transpose(1, 2).reshape(B, L, -1))  # (B, 1, d_model)

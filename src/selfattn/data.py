@@ -25,19 +25,25 @@ AMBIGUOUS = 0
 
 
 @dataclass(frozen=True)
-class TaggingData:
-    """A batch of the distance-cue tagging task."""
+class Sequences:
+    """Token ids and one tag per token: what the taggers train on."""
 
     tokens: Tensor  # (N, T) token ids
     tags: Tensor  # (N, T) tag ids
-    position: Tensor  # (N,) where the ambiguous word is
-    distance: Tensor  # (N,) how far to its left the cue is
     vocab_size: int
     n_tags: int
-    n_cues: int
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+
+@dataclass(frozen=True)
+class TaggingData(Sequences):
+    """A batch of the distance-cue tagging task."""
+
+    position: Tensor  # (N,) where the ambiguous word is
+    distance: Tensor  # (N,) how far to its left the cue is
+    n_cues: int
 
     @property
     def cue_position(self) -> Tensor:
@@ -91,5 +97,26 @@ def tagging_task(
     tags[rows, position - distance] = n_cues + cue - 1
     tokens[rows, position] = AMBIGUOUS
     tags[rows, position] = cue - 1
-    return TaggingData(tokens, tags, position, distance, vocab_size,
-                       2 * n_cues + n_filler_tags, n_cues)
+    return TaggingData(tokens, tags, vocab_size, 2 * n_cues + n_filler_tags, position, distance,
+                       n_cues)
+
+
+def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0) -> Sequences:
+    """Tag every token with the pair (left neighbour, right neighbour).
+
+    The tag of position ``t`` is ``left * (vocab_size + 1) + right``, where ``left`` is the token
+    at ``t - 1`` and ``right`` the token at ``t + 1`` (``vocab_size`` stands for "no neighbour"
+    at either end). One attention head can look left and another right: chapter 6 trains a
+    two-head model on it and watches the heads specialise.
+    """
+    check_positive_int(n, "n")
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+    check_positive_int(vocab_size, "vocab_size")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (n, seq_len), generator=g)  # (N, T)
+    edge = torch.full((n, 1), vocab_size)
+    left = torch.cat([edge, tokens[:, :-1]], dim=1)  # (N, T): the token before, or the edge
+    right = torch.cat([tokens[:, 1:], edge], dim=1)  # (N, T): the token after, or the edge
+    tags = left * (vocab_size + 1) + right
+    return Sequences(tokens, tags, vocab_size, (vocab_size + 1) ** 2)

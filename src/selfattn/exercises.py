@@ -14,6 +14,7 @@ from .attention import scaled_dot_product_attention
 from .bench import influence
 from .masks import causal_mask, padding_mask
 from .models import CNNTagger, WindowTagger, count_parameters
+from .multihead import MultiHeadAttention
 from .scoring import AdditiveScorer
 
 
@@ -184,3 +185,33 @@ def check_additive_bytes(fn: Callable[[int, int, int], int]) -> bool:
             return _report(False, f"L={L}, S={S}, hidden={hidden}: you say {got!r}, the tensor "
                                   f"takes {pairs.nbytes} bytes")
     return _report(True, "L * S * hidden numbers of 4 bytes each")
+
+
+def check_article_attention_shape(answer: object) -> bool:
+    """Chapter 6, exercise 1: the shape of the article's ``attention`` for batch 3, 4 heads,
+    n_q = 5 and n_k = 7."""
+    want = (3 * 4, 5, 7)
+    if not isinstance(answer, tuple) or not all(isinstance(a, int) for a in answer):
+        return _report(False, f"give a tuple of ints, like (1, 2, 3); got {answer!r}")
+    if tuple(answer) == want:
+        return _report(True, "heads and batch are merged into one leading dimension: "
+                             "(num_head * batch, n_q, n_k)")
+    if tuple(answer) == (3, 4, 5, 7):
+        return _report(False, "that is the library's layout (B, H, L, S); the article merges two "
+                              "of those dimensions")
+    return _report(False, f"{answer} is not the shape; follow the view/permute of q and k")
+
+
+def check_mha_parameters(fn: Callable[[int, int], int]) -> bool:
+    """Chapter 6, exercise 2: ``fn(d_model, n_heads)`` counts MultiHeadAttention's parameters."""
+    for d_model, n_heads in [(8, 1), (64, 8), (96, 3)]:
+        try:
+            got = fn(d_model, n_heads)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        want = count_parameters(MultiHeadAttention(d_model, n_heads))
+        if got != want:
+            return _report(False, f"d_model={d_model}, n_heads={n_heads}: you say {got!r}, "
+                                  f"the module has {want}")
+    return _report(True, "4 d^2 + 4 d, whatever the number of heads: heads split d, they do "
+                         "not add parameters")

@@ -234,7 +234,8 @@ class MultiHeadAttention(nn.Module):
         # Otherwise we build the causal mask ourselves, with the cache offset.
         plain = g == 1 and offset == 0 and attn_mask is None
         mask = attn_mask
-        if is_causal and not plain:
+        # one new query after the cache may see every key: the causal mask would be all True
+        if is_causal and not plain and not (kv_cache is not None and L == 1):
             tri = causal_mask(L, S, offset=offset, device=query.device)  # (L, S)
             if mask is None:
                 mask = tri

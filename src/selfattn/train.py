@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .data import TaggingData
+from .data import Sequences, TaggingData
 
 
 @dataclass
@@ -22,7 +22,7 @@ class History:
 
 def train(
     model: nn.Module,
-    data: TaggingData,
+    data: Sequences,
     steps: int = 300,
     batch_size: int = 64,
     lr: float = 3e-3,
