@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
 
-.PHONY: book test lint clean
+.PHONY: book test lint bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,7 @@ lint: $(STAMP)
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache .hypothesis
+
+# Benchmarks print tables measured in one run on this machine (see src/selfattn/bench.py).
+bench: $(STAMP)
+	$(PY) -m selfattn.bench

@@ -131,3 +131,29 @@ def test_neighbour_task_tags_are_the_two_neighbours():
             assert d.tags[i, t] == left * 5 + right
     with pytest.raises(ValueError, match="seq_len"):
         data.neighbour_task(5, seq_len=1)
+
+
+def test_decode_bytes_and_a_tiny_decode_benchmark():
+    from selfattn import bench
+
+    mha = bench.decode_bytes(1024, 16, 16, context=16384)
+    mqa = bench.decode_bytes(1024, 16, 1, context=16384)
+    assert mha["cache"] == 2 * 16 * 16384 * 64 * 4 and mha["cache"] == 16 * mqa["cache"]
+    assert mha["weights"] == 4 * 1024 * 1024 * 4
+    rows = bench.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
+                                  repeats=2, warmup=1)
+    assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive"}
+    assert all(r["ms_per_token"] > 0 for r in rows)
+    assert "MQA naive" in bench.decode_table(rows)
+
+
+def test_naive_decode_step_equals_the_grouped_one():
+    import selfattn
+    from selfattn import bench
+
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    cache_a, x = bench._decode_inputs(m, 9)
+    cache_b, _ = bench._decode_inputs(m, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(bench.naive_decode_step(m, x, cache_a),
+                                   m(x, is_causal=True, kv_cache=cache_b)[0])
