@@ -14,7 +14,7 @@ from .attention import scaled_dot_product_attention
 from .bench import influence
 from .masks import causal_mask, padding_mask
 from .models import CNNTagger, WindowTagger, count_parameters
-from .multihead import MultiHeadAttention
+from .multihead import KVCache, MultiHeadAttention
 from .scoring import AdditiveScorer
 
 
@@ -215,3 +215,43 @@ def check_mha_parameters(fn: Callable[[int, int], int]) -> bool:
                                   f"the module has {want}")
     return _report(True, "4 d^2 + 4 d, whatever the number of heads: heads split d, they do "
                          "not add parameters")
+
+
+def check_cache_bytes(fn: Callable[..., int]) -> bool:
+    """Chapter 7, exercise 1: ``fn(batch, n_kv_heads, context, head_dim, itemsize)`` is the size
+    of a KV cache in bytes, checked against a real :class:`~selfattn.KVCache`."""
+    for batch, n_kv, context, hd, dtype in [(1, 16, 100, 64, torch.float32), (2, 1, 37, 8, torch.float16),
+                                             (3, 4, 10, 16, torch.bfloat16)]:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        try:
+            got = fn(batch, n_kv, context, hd, itemsize)
+        except Exception as exc:
+            return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+        cache = KVCache()
+        k = torch.zeros(batch, n_kv, context, hd, dtype=dtype)
+        cache.append(k, k)
+        if got != cache.nbytes:
+            return _report(False, f"batch={batch}, n_kv_heads={n_kv}, context={context}, "
+                                  f"head_dim={hd}, itemsize={itemsize}: you say {got!r}, the cache "
+                                  f"holds {cache.nbytes}")
+    return _report(True, "keys and values: 2 * batch * n_kv_heads * context * head_dim * itemsize")
+
+
+def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
+    """Chapter 7, exercise 2: ``fn(k, g)`` repeats each key head ``g`` times, as
+    ``k.repeat_interleave(g, dim=1)`` does, for ``k`` of shape (B, H_kv, S, hd)."""
+    k = torch.arange(2 * 3 * 4 * 2, dtype=torch.float32).reshape(2, 3, 4, 2)
+    try:
+        got = fn(k, 4)
+    except Exception as exc:
+        return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+    want = k.repeat_interleave(4, dim=1)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return _report(False, f"expected shape {tuple(want.shape)}, got {shape}")
+    if torch.equal(got, want):
+        return _report(True, "head h of the result is key head h // g")
+    if torch.equal(got, k.repeat(1, 4, 1, 1)):
+        return _report(False, "that is k.repeat: heads 0, 1, 2, 0, 1, 2, ...; GQA wants "
+                              "0, 0, 0, 0, 1, 1, ...")
+    return _report(False, "the values differ from repeat_interleave")

@@ -86,17 +86,20 @@ class RNNTagger(nn.Module):
 class AttentionTagger(nn.Module):
     """Embedding + sinusoidal positions, one self-attention layer with a residual, then an MLP.
 
-    By default the layer is :class:`~selfattn.MultiHeadAttention` with ``n_heads`` heads; with
+    By default the layer is :class:`~selfattn.MultiHeadAttention` with ``n_heads`` query heads
+    and ``n_kv_heads`` key/value heads (MHA by default, GQA or MQA if given); with
     ``scorer`` (``"dot"``, ``"scaled_dot"`` or ``"additive"``) it is one head scored that way
     (:class:`~selfattn.scoring.ScoredSelfAttention`), so chapters can compare scorers.
     """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
-                 max_len: int = 512, scorer: str | None = None) -> None:
+                 max_len: int = 512, scorer: str | None = None,
+                 n_kv_heads: int | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
-        self.attn = MultiHeadAttention(d, n_heads) if scorer is None else ScoredSelfAttention(d, scorer)
+        self.attn = (MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads) if scorer is None
+                     else ScoredSelfAttention(d, scorer))
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
 
     def forward(self, tokens: Tensor, need_weights: bool = False):
