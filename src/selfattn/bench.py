@@ -118,11 +118,12 @@ def decode_table(rows: list[dict]) -> str:
     contexts = sorted({r["context"] for r in rows})
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     ms = {(r["context"], r["variant"]): r["ms_per_token"] for r in rows}
-    lines = [f"{'context':>8s}" + "".join(f"{v:>14s}" for v in variants)]
+    lines = [f"{'context':>7s}" + "".join(f"{v:>13s}" for v in variants),
+             f"{'':7s}" + "".join(f"{'ms  vs MHA':>13s}" for _ in variants)]
     for c in contexts:
         mha = ms[(c, variants[0])]
-        lines.append(f"{c:8d}" + "".join(f"{ms[(c, v)]:8.2f} ms" + (
-            f" {mha / ms[(c, v)]:3.1f}x" if v != variants[0] else "     ") for v in variants))
+        lines.append(f"{c:7d}" + "".join(f"{ms[(c, v)]:8.2f} {mha / ms[(c, v)]:3.1f}x"
+                                         for v in variants))
     return "\n".join(lines)
 
 
