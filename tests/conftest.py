@@ -1,4 +1,5 @@
 import os
+import pathlib
 
 import pytest
 import torch
@@ -14,3 +15,10 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say where the browser test left its screenshots, so a person can look at them."""
+    shots = pathlib.Path(__file__).resolve().parent.parent / "_build" / "screenshots"
+    if shots.is_dir() and any(shots.iterdir()):
+        terminalreporter.write_line(f"screenshots of the built book's pages: {shots}")

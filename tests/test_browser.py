@@ -2,7 +2,7 @@
 
 For every page of the book: no JavaScript errors, no request leaving 127.0.0.1, every embedded
 widget view rendered, every figure loaded. For the static explorers: moving a slider changes the
-heatmap on screen. Screenshots go to _build/screenshots/ (printed at the end; look at them).
+heatmap on screen. Screenshots go to _build/screenshots/ (the run's summary names the folder).
 `make test` builds the book first.
 """
 
@@ -65,7 +65,6 @@ def browser():
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield b
         b.close()
-    print(f"\nscreenshots of every page: {SHOTS}")
 
 
 def open_page(browser, server, name):
