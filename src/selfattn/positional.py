@@ -1,14 +1,18 @@
 r"""Positional encodings: how attention learns where a token is.
 
-Sinusoidal encoding (Vaswani et al. 2017, §3.5):
-
-$$PE_{(pos, 2i)} = \sin(pos / 10000^{2i/d}), \qquad PE_{(pos, 2i+1)} = \cos(pos / 10000^{2i/d})$$
+* sinusoidal (Vaswani et al. 2017, §3.5), added to the embeddings:
+  $PE_{(pos, 2i)} = \sin(pos / 10000^{2i/d})$, $PE_{(pos, 2i+1)} = \cos(pos / 10000^{2i/d})$;
+* learned absolute embeddings, added to the embeddings;
+* RoPE (Su et al. 2021), a rotation of the queries and keys;
+* ALiBi (Press et al. 2022), a bias added to the scores (an additive ``attn_mask``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .checks import check_positive_int
 
@@ -28,3 +32,82 @@ def sinusoidal_encoding(
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles)
     return pe
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned absolute positions: one trained vector per position, added to the embeddings.
+
+    It knows only the ``max_len`` positions it was built with; asking for a later one is an
+    error (this is why it cannot extrapolate to longer sequences).
+    """
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(check_positive_int(max_len, "max_len"),
+                                  check_positive_int(d_model, "d_model"))
+
+    def forward(self, n_positions: int) -> Tensor:
+        """The ``(n_positions, d_model)`` vectors of positions ``0 .. n_positions - 1``."""
+        max_len = self.table.num_embeddings
+        if n_positions > max_len:
+            raise ValueError(f"position {n_positions - 1} is beyond the learned table of "
+                             f"{max_len} positions (max_len={max_len})")
+        return self.table.weight[:n_positions]  # (T, d)
+
+
+def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+    r"""Rotary position embedding (RoPE, Su et al. 2021, §3.2) of queries or keys ``(..., T, d)``.
+
+    Each pair of features $(x_{2i}, x_{2i+1})$ at position $m$ is rotated by the angle
+    $m\,\theta_i$, $\theta_i = \text{base}^{-2i/d}$. A rotation keeps lengths, and
+    $\langle R_m q, R_n k \rangle$ depends on $m - n$ only: the score sees relative position.
+    ``positions`` defaults to ``0 .. T-1`` (pass an offset range when decoding with a cache).
+    """
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"RoPE rotates pairs of features: the last dimension must be even, "
+                         f"got shape {tuple(x.shape)}")
+    T = x.shape[-2]
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    dtype = torch.promote_types(x.dtype, torch.float32)  # angles in fp32 at least, fp64 if given
+    theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
+    angles = positions.to(dtype)[:, None] * theta  # (T, d/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2) each
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's head-specific slopes (Press et al. 2022, §3): a geometric sequence starting at
+    ``2**(-8/n)``; for a head count that is not a power of two, the slopes of the closest power
+    of two followed by every other slope of the next one, as in the paper's code."""
+    check_positive_int(n_heads, "n_heads")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest)
+    if closest < n_heads:
+        slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+
+
+def alibi_bias(n_heads: int, L: int, S: int | None = None, device: torch.device | str | None = None
+               ) -> Tensor:
+    r"""The additive ALiBi mask ``(n_heads, L, S)``: $-m_h\,|i - j|$ for query $i$ and key $j$.
+
+    Pass it as a float ``attn_mask`` (it is added to the scores); combine with ``is_causal`` for a
+    decoder, where only $j \le i$ remains and the bias is $-m_h (i - j)$ as in the paper.
+    """
+    check_positive_int(L, "L")
+    S = L if S is None else check_positive_int(S, "S")
+    i = torch.arange(L, device=device)[:, None]  # (L, 1)
+    j = torch.arange(S, device=device)[None, :]  # (1, S)
+    distance = (i - j).abs().float()  # (L, S)
+    return -alibi_slopes(n_heads).to(device)[:, None, None] * distance  # (H, L, S)
