@@ -66,3 +66,47 @@ def test_alibi_bias_works_as_an_attention_mask():
     m = selfattn.MultiHeadAttention(32, 4)
     out, _ = m(torch.randn(2, 5, 32), attn_mask=bias, is_causal=True)
     assert out.shape == (2, 5, 32)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+def test_rope_in_multihead_attention_is_the_rotated_queries_and_keys(n_kv_heads):
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, rope=True).double()
+    x = torch.randn(2, 7, 32, dtype=F64)
+    out, w = m(x, is_causal=True, need_weights=True)
+    q = m.q_proj(x).view(2, 7, 4, 8).transpose(1, 2)  # (B, H, T, hd)
+    k = m.k_proj(x).view(2, 7, n_kv_heads, 8).transpose(1, 2)  # (B, H_kv, T, hd)
+    k = k.repeat_interleave(4 // n_kv_heads, dim=1)  # (B, H, T, hd)
+    scores = apply_rope(q) @ apply_rope(k).transpose(-2, -1) / math.sqrt(8)  # (B, H, T, T)
+    ref = torch.softmax(scores.masked_fill(~selfattn.causal_mask(7), float("-inf")), dim=-1)
+    torch.testing.assert_close(w, ref)
+    fast, _ = m(x, is_causal=True)
+    torch.testing.assert_close(fast, out)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_rope_decoding_with_a_cache_continues_the_positions(n_kv_heads):
+    torch.manual_seed(1)
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, rope=True).double()
+    x = torch.randn(2, 9, 32, dtype=F64)
+    full, _ = m(x, is_causal=True)
+    cache = selfattn.KVCache(capacity=2)
+    steps = [m(x[:, :3], is_causal=True, kv_cache=cache)[0]]
+    steps += [m(x[:, t : t + 1], is_causal=True, kv_cache=cache)[0] for t in range(3, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_rope_makes_self_attention_shift_invariant_but_not_order_blind():
+    torch.manual_seed(2)
+    m = selfattn.MultiHeadAttention(16, 2, rope=True).double()
+    x = torch.randn(1, 6, 16, dtype=F64)
+    _, w = m(x, need_weights=True)
+    # the same tokens after 5 others: the weights among them are unchanged (scores are relative)
+    padded = torch.cat([torch.randn(1, 5, 16, dtype=F64), x], dim=1)
+    keep = torch.zeros(11, 11, dtype=torch.bool)
+    keep[5:, 5:] = True
+    _, w_shifted = m(padded, attn_mask=keep, need_weights=True)
+    torch.testing.assert_close(w_shifted[..., 5:, 5:], w)
+    # reversing the tokens does not simply reverse the weights, as it would without positions
+    _, w_rev = m(x.flip(1), need_weights=True)
+    assert not torch.allclose(w_rev, w.flip(-1).flip(-2), atol=1e-3)

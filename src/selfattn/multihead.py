@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from .attention import scaled_dot_product_attention
 from .checks import check_dropout, check_mask, check_positive_int, check_tensor
 from .masks import causal_mask
+from .positional import apply_rope
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class AttentionConfig:
 
     ``n_kv_heads`` defaults to ``n_heads`` (MHA), ``head_dim`` to ``d_model // n_heads``,
     ``kdim``/``vdim`` (the key and value inputs' sizes) and ``out_dim`` to ``d_model``.
+    ``rope``: rotate queries and keys by their positions (RoPE, Su et al. 2021); needs an even
+    ``head_dim``.
     """
 
     d_model: int
@@ -44,6 +47,7 @@ class AttentionConfig:
     out_dim: int | None = None
     bias: bool = True
     dropout_p: float = 0.0
+    rope: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int(self.d_model, "d_model")
@@ -64,6 +68,8 @@ class AttentionConfig:
             head_dim = self.d_model // self.n_heads
         else:
             head_dim = check_positive_int(self.head_dim, "head_dim")
+        if self.rope and head_dim % 2:
+            raise ValueError(f"rope rotates pairs of features: head_dim must be even, got {head_dim}")
         kdim = self.d_model if self.kdim is None else check_positive_int(self.kdim, "kdim")
         vdim = self.d_model if self.vdim is None else check_positive_int(self.vdim, "vdim")
         out = self.d_model if self.out_dim is None else check_positive_int(self.out_dim, "out_dim")
@@ -145,7 +151,9 @@ class MultiHeadAttention(nn.Module):
     batch first, ``(B, T, d)``. ``forward`` returns ``(output, weights)``; the weights
     ``(B, n_heads, L, S)`` are computed (by the explicit path) only when ``need_weights=True``,
     otherwise the fused ``torch.nn.functional.scaled_dot_product_attention`` runs and weights is
-    ``None``.
+    ``None``. With ``rope=True`` the projected queries and keys are rotated by their positions
+    (:func:`~selfattn.positional.apply_rope`); cached tokens keep the positions they had, and new
+    ones continue after them.
     """
 
     def __init__(
@@ -159,10 +167,11 @@ class MultiHeadAttention(nn.Module):
         out_dim: int | None = None,
         bias: bool = True,
         dropout_p: float = 0.0,
+        rope: bool = False,
     ) -> None:
         super().__init__()
         cfg = AttentionConfig(d_model, n_heads, n_kv_heads, head_dim, kdim, vdim, out_dim, bias,
-                              dropout_p)
+                              dropout_p, rope)
         self.config = cfg
         self.q_proj = nn.Linear(d_model, cfg.n_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.kdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
@@ -221,10 +230,12 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(query).view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
         k = self.k_proj(key).view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
         v = self.v_proj(value).view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
-        offset = 0
+        offset = 0 if kv_cache is None else kv_cache.length
+        if cfg.rope:  # the new tokens sit at positions offset, offset + 1, ...
+            q = apply_rope(q, torch.arange(offset, offset + L, device=q.device))
+            k = apply_rope(k, torch.arange(offset, offset + k.shape[2], device=k.device))
         if kv_cache is not None:
-            offset = kv_cache.length
-            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
+            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd): the keys are stored rotated
         S = k.shape[2]
         if attn_mask is not None:
             check_mask(attn_mask, (B, H, L, S))
