@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import selfattn
+from selfattn.models import AttentionTagger
+from selfattn.positional import LearnedPositionalEmbedding, sinusoidal_encoding
 
 sdpa = selfattn.scaled_dot_product_attention
 MHA = selfattn.MultiHeadAttention
@@ -54,6 +56,15 @@ CASES = [
      ["lengths", "(1, 1)"]),
     ("padding max_len too short", lambda: selfattn.padding_mask(torch.tensor([3, 5]), max_len=4),
      ValueError, ["max_len", "4", "5"]),
+    ("odd head_dim with rope", lambda: MHA(18, 2, rope=True), ValueError, ["head_dim", "9", "even"]),
+    ("odd width for sinusoidal", lambda: sinusoidal_encoding(4, 7), ValueError,
+     ["d_model", "7", "even"]),
+    ("position beyond the learned table",
+     lambda: LearnedPositionalEmbedding(8, 4)(9), ValueError,
+     ["position 8", "max_len=8"]),
+    ("unknown positions for a tagger",
+     lambda: AttentionTagger(8, 3, positions="relative"), ValueError,
+     ["positions", "'relative'", "rope"]),
     ("causal mask of zero length", lambda: selfattn.causal_mask(0), ValueError, ["L", "0"]),
 ]
 

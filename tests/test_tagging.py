@@ -157,3 +157,38 @@ def test_naive_decode_step_equals_the_grouped_one():
     with torch.no_grad():
         torch.testing.assert_close(bench.naive_decode_step(m, x, cache_a),
                                    m(x, is_causal=True, kv_cache=cache_b)[0])
+
+
+def test_recent_cue_tags_follow_an_independent_rule():
+    task = data.recent_cue_task(50, seq_len=20, n_cues=3, vocab_size=10, seed=4)
+    for tokens, tags in zip(task.tokens.tolist(), task.tags.tolist(), strict=True):
+        last = None
+        for token, tag in zip(tokens, tags, strict=True):
+            if 1 <= token <= 3:
+                last = token
+            assert tag == (3 if last is None else last - 1)
+    assert task.n_tags == 4 and torch.equal(task.tokens, data.recent_cue_task(50, 20, 3, seed=4,
+                                                                         vocab_size=10).tokens)
+
+
+@pytest.mark.parametrize("positions", ["none", "sinusoidal", "learned", "rope", "alibi"])
+def test_every_position_scheme_trains_causally(positions):
+    torch.manual_seed(0)
+    model = models.AttentionTagger(16, 5, d=16, n_heads=2, max_len=24, positions=positions, causal=True)
+    tokens = data.recent_cue_task(4, seq_len=12).tokens
+    logits, w = model(tokens, need_weights=True)
+    assert logits.shape == (4, 12, 5) and w.shape == (4, 2, 12, 12)
+    assert (w.triu(1) == 0).all(), "a causal model attends to no later token"
+    # causality: changing the last token changes no earlier prediction
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 16
+    torch.testing.assert_close(model(changed)[:, :-1], logits[:, :-1])
+
+
+def test_learned_positions_beyond_training_get_no_gradient():
+    torch.manual_seed(0)
+    model = models.AttentionTagger(16, 5, d=16, max_len=32, positions="learned", causal=True)
+    before = model.learned.table.weight.detach().clone()
+    train.train(model, data.recent_cue_task(64, seq_len=8), steps=3, batch_size=8, progress=False)
+    after = model.learned.table.weight.detach()
+    assert not torch.equal(after[:8], before[:8]) and torch.equal(after[8:], before[8:])

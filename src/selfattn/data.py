@@ -120,3 +120,33 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
     right = torch.cat([tokens[:, 1:], edge], dim=1)  # (N, T): the token after, or the edge
     tags = left * (vocab_size + 1) + right
     return Sequences(tokens, tags, vocab_size, (vocab_size + 1) ** 2)
+
+
+def recent_cue_task(n: int, seq_len: int = 32, n_cues: int = 4, cue_rate: float = 0.2,
+                    vocab_size: int = 16, seed: int = 0) -> Sequences:
+    """Tag every token with the most recent cue at or before it: a task about order.
+
+    Tokens ``1..n_cues`` are cues (each position is a cue with probability ``cue_rate``), the
+    rest fillers. The tag of position ``t`` is ``c - 1`` for the last cue ``c`` in tokens
+    ``0..t``, or ``n_cues`` ("no cue yet"). Which cue is the *latest* depends only on relative
+    order, so the rule is the same at every length: chapter 5 trains at one length and tests at
+    longer ones. Without positions, attention sees the set of earlier cues but not their order.
+    """
+    check_positive_int(n, "n")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(n_cues, "n_cues")
+    if not 0.0 < cue_rate < 1.0:
+        raise ValueError(f"cue_rate must be in (0, 1), got {cue_rate}")
+    if vocab_size <= n_cues + 1:
+        raise ValueError(f"vocab_size must exceed 1 + n_cues = {n_cues + 1}, got {vocab_size}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(n_cues + 1, vocab_size, (n, seq_len), generator=g)  # (N, T) fillers
+    is_cue = torch.rand(n, seq_len, generator=g) < cue_rate  # (N, T)
+    cues = torch.randint(1, n_cues + 1, (n, seq_len), generator=g)  # (N, T)
+    tokens = torch.where(is_cue, cues, tokens)
+    # index of the latest cue at or before t (-1 if none): a running max over cue positions
+    where = torch.where(is_cue, torch.arange(seq_len), -1)  # (N, T)
+    latest = where.cummax(dim=1).values  # (N, T)
+    last_cue = tokens.gather(1, latest.clamp(min=0))  # (N, T)
+    tags = torch.where(latest >= 0, last_cue - 1, n_cues)  # (N, T)
+    return Sequences(tokens, tags, vocab_size, n_cues + 1)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .checks import check_positive_int
 from .multihead import MultiHeadAttention
-from .positional import sinusoidal_encoding
+from .positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
 from .scoring import ScoredSelfAttention
 
 
@@ -83,33 +83,64 @@ class RNNTagger(nn.Module):
         return self.out(h)  # (B, T, n_tags)
 
 
+POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
+
+
 class AttentionTagger(nn.Module):
-    """Embedding + sinusoidal positions, one self-attention layer with a residual, then an MLP.
+    """Embedding + positions, one self-attention layer with a residual, then an MLP.
 
     By default the layer is :class:`~selfattn.MultiHeadAttention` with ``n_heads`` query heads
     and ``n_kv_heads`` key/value heads (MHA by default, GQA or MQA if given); with
     ``scorer`` (``"dot"``, ``"scaled_dot"`` or ``"additive"``) it is one head scored that way
     (:class:`~selfattn.scoring.ScoredSelfAttention`), so chapters can compare scorers.
+
+    ``positions`` says how the model knows where a token is (chapter 5): ``"sinusoidal"`` or
+    ``"learned"`` vectors added to the embeddings (up to ``max_len`` positions), ``"rope"``
+    (queries and keys rotated), ``"alibi"`` (a distance penalty added to the scores), or
+    ``"none"``. ``causal``: each token attends only to itself and the tokens before it.
     """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
                  max_len: int = 512, scorer: str | None = None,
-                 n_kv_heads: int | None = None) -> None:
+                 n_kv_heads: int | None = None, positions: str = "sinusoidal",
+                 causal: bool = False) -> None:
         super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        if scorer is not None and positions in ("rope", "alibi"):
+            raise ValueError(f"positions={positions!r} needs the multi-head layer; "
+                             f"a scorer ({scorer!r}) takes 'none', 'sinusoidal' or 'learned'")
+        if scorer is not None and causal:
+            raise ValueError("causal=True needs the multi-head layer, not a scorer")
+        self.positions, self.causal, self.max_len = positions, causal, max_len
         self.embed = nn.Embedding(vocab_size, d)
-        self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
-        self.attn = (MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads) if scorer is None
-                     else ScoredSelfAttention(d, scorer))
+        if positions == "sinusoidal":
+            self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
+        elif positions == "learned":
+            self.learned = LearnedPositionalEmbedding(max_len, d)
+        if scorer is None:
+            self.attn = MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads,
+                                           rope=positions == "rope")
+        else:
+            self.attn = ScoredSelfAttention(d, scorer)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
 
     def forward(self, tokens: Tensor, need_weights: bool = False):
         """Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``."""
         T = tokens.shape[1]
-        if T > self.pe.shape[0]:
-            raise ValueError(f"sequence of {T} tokens is longer than max_len={self.pe.shape[0]}")
-        x = self.embed(tokens) + self.pe[:T]  # (B, T, d)
+        x = self.embed(tokens)  # (B, T, d)
+        if self.positions == "sinusoidal":
+            if T > self.max_len:
+                raise ValueError(f"sequence of {T} tokens is longer than max_len={self.max_len}")
+            x = x + self.pe[:T]
+        elif self.positions == "learned":
+            x = x + self.learned(T)  # raises beyond max_len
         if isinstance(self.attn, MultiHeadAttention):
-            a, weights = self.attn(x, need_weights=need_weights)  # (B, T, d), (B, H, T, T)
+            bias = None
+            if self.positions == "alibi":
+                bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+            a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
+                                   need_weights=need_weights)  # (B, T, d), (B, H, T, T)
         else:
             a, weights = self.attn(x)  # (B, T, d), (B, T, T)
             weights = weights.unsqueeze(1)  # (B, 1, T, T): one head
