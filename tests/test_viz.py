@@ -147,3 +147,25 @@ def test_explorer_mode_follows_the_environment(monkeypatch):
     monkeypatch.delenv(viz.STATIC_ENV)
     e = viz.explorer(toy_view, {"scale": [1.0], "mask": ["none"]})
     assert isinstance(e.children[-2], widgets.Image)
+
+
+def curve(slope):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    fig.add_subplot().plot([0, 1], [0, slope])
+    return fig
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_explorer_draws_any_figure_too(static):
+    e = viz.explorer(curve, {"slope": [1, 2]}, static=static)
+    if static:
+        pngs = [p.children[0].value for p in leaves(e.children[-1])]
+    else:
+        slope, _msg, image, caption = e.children
+        pngs = [image.value]
+        slope.value = 2
+        pngs.append(image.value)
+        assert caption.value == ""
+    assert len(pngs) == 2 and pngs[0] != pngs[1] and all(bytes(p[:4]) == b"\x89PNG" for p in pngs)

@@ -152,8 +152,13 @@ class InputError(ValueError):
     """Raised by an explorer's ``compute`` for input a reader can fix; shown as a short message."""
 
 
-def render_png(view: View, dpi: int = 72) -> bytes:
-    """Draw a :class:`View` into PNG bytes, without pyplot (nothing leaks into a notebook)."""
+def render_png(view: View | Figure, dpi: int = 72) -> bytes:
+    """Draw a :class:`View` (or save a ``matplotlib.figure.Figure``, made without pyplot) into
+    PNG bytes; nothing leaks into the notebook."""
+    if isinstance(view, Figure):
+        buf = io.BytesIO()
+        view.savefig(buf, format="png", dpi=dpi)
+        return buf.getvalue()
     L, S = _pick(_to_numpy(view.weights), 0, 0).shape
     fig = Figure(figsize=(1.6 + 0.5 * S, 1.0 + 0.45 * L))
     ax = fig.add_subplot()
@@ -165,7 +170,7 @@ def render_png(view: View, dpi: int = 72) -> bytes:
 
 
 def explorer(
-    compute: Callable[..., View],
+    compute: Callable[..., View | Figure],
     controls: Mapping[str, Sequence],
     sentences: Sequence[str] | None = None,
     max_tokens: int = 16,
@@ -175,8 +180,9 @@ def explorer(
 
     Args:
         compute: called with one keyword argument per control (and ``sentence`` if
-            ``sentences`` is given); returns a :class:`View`, or raises :class:`InputError`
-            (or ``ValueError``) for input the reader should change.
+            ``sentences`` is given); returns a :class:`View` (drawn as a heatmap) or a
+            ``matplotlib.figure.Figure`` (any other plot; make it with ``Figure()``, not pyplot),
+            or raises :class:`InputError` (or ``ValueError``) for input the reader should change.
         controls: name -> the values it can take, in order. Numbers get a slider, anything else
             a dropdown.
         sentences: if given, the view takes a sentence: a text box in a live kernel (first
@@ -201,7 +207,7 @@ def explorer(
             raise ValueError("sentences must hold at least one sentence")
     message = widgets.HTML(layout=widgets.Layout(min_height="1.5em"))
 
-    def safe_compute(**state) -> View | str:
+    def safe_compute(**state) -> View | Figure | str:
         sentence = state.get("sentence")
         if sentence is not None:
             n = len(sentence.split())
@@ -227,7 +233,7 @@ def explorer(
         pngs = {}
         for combo in itertools.product(*options):
             view = safe_compute(**dict(zip(names, combo, strict=True)))
-            pngs[combo] = view if isinstance(view, str) else (render_png(view), view.caption)
+            pngs[combo] = view if isinstance(view, str) else (render_png(view), _caption(view))
         size = sum(len(p[0]) for p in pngs.values() if not isinstance(p, str))
         if size > MAX_PAGE_BYTES:
             raise ValueError(f"the precomputed heatmaps take {size / 1e6:.1f} MB, over "
@@ -264,13 +270,17 @@ def explorer(
         message.value = ""
         image.layout.display = caption.layout.display = None
         image.value = render_png(view)
-        caption.value = html.escape(view.caption)
+        caption.value = html.escape(_caption(view))
 
     for w in inputs:
         w.observe(redraw, names="value")
     redraw()
     return widgets.VBox([*inputs, message, image, caption],
                         layout=widgets.Layout(align_items="flex-start"))
+
+
+def _caption(view: View | Figure) -> str:
+    return "" if isinstance(view, Figure) else view.caption
 
 
 def _control(widgets, name: str, options: list):
