@@ -6,6 +6,7 @@ function) gets a short message, so a chapter always runs top to bottom.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -15,6 +16,7 @@ from .bench import influence
 from .masks import causal_mask, padding_mask
 from .models import CNNTagger, WindowTagger, count_parameters
 from .multihead import KVCache, MultiHeadAttention
+from .positional import alibi_slopes, sinusoidal_encoding
 from .scoring import AdditiveScorer
 
 
@@ -52,8 +54,11 @@ def check_causal_mask(fn: Callable[[int], torch.Tensor]) -> bool:
         if got.shape != want.shape:
             return _report(False, f"fn({L}) has shape {tuple(got.shape)}, expected {(L, L)}")
         if not torch.equal(got, want):
-            if torch.equal(got, ~want):
+            if L > 1 and torch.equal(got, ~want):
                 return _report(False, "the polarity is reversed: True must mean 'may attend'")
+            if not got.diagonal().all():
+                return _report(False, f"fn({L}) hides the diagonal: every token must be able to "
+                                      "attend to itself (token 0 would see nothing)")
             return _report(False, f"fn({L}) differs from the causal mask at "
                                   f"{int((got != want).sum())} positions")
     return _report(True, "query i may attend to keys 0..i, for every length tried")
@@ -76,6 +81,9 @@ def check_attention(fn: Callable[..., torch.Tensor]) -> bool:
         return _report(False, f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
     if torch.allclose(got, want):
         return _report(True, "matches selfattn.scaled_dot_product_attention on a padded batch")
+    if got.isnan().any():
+        return _report(False, "the output holds NaN: some row has every key filled with -inf; "
+                              "check which entries your mask fills")
     unmasked, _ = scaled_dot_product_attention(q, k, v)
     if torch.allclose(got, unmasked):
         return _report(False, "the output ignores the mask: padded keys must get weight 0")
@@ -255,3 +263,75 @@ def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
         return _report(False, "that is k.repeat: heads 0, 1, 2, 0, 1, 2, ...; GQA wants "
                               "0, 0, 0, 0, 1, 1, ...")
     return _report(False, "the values differ from repeat_interleave")
+
+
+def check_sinusoidal(fn: Callable[[int, int], torch.Tensor]) -> bool:
+    """Chapter 5, exercise 1: ``fn(n_positions, d_model)`` is the sinusoidal table (Vaswani §3.5)."""
+    for n, d in ((1, 2), (7, 4), (50, 16)):
+        try:
+            got = fn(n, d)
+        except Exception as exc:
+            return _report(False, f"fn({n}, {d}) raised {type(exc).__name__}: {exc}")
+        want = sinusoidal_encoding(n, d)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return _report(False, f"fn({n}, {d}) should have shape {(n, d)}, got {shape}")
+        got = got.float()
+        if not torch.allclose(got, want, atol=1e-5):
+            swapped = torch.empty_like(want)
+            swapped[:, 0::2], swapped[:, 1::2] = want[:, 1::2], want[:, 0::2]
+            if torch.allclose(got, swapped, atol=1e-5):
+                return _report(False, "sines and cosines are swapped: even columns take sin")
+            return _report(False, f"fn({n}, {d}) differs from the formula by up to "
+                                  f"{(got - want).abs().max():.3g}")
+    return _report(True, "PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same)")
+
+
+def check_rope_turn(answer: object) -> bool:
+    """Chapter 5, exercise 2: after how many positions does RoPE's slowest pair (d = 64, base
+    10000) turn a full circle?"""
+    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
+        return _report(False, f"set the answer to a number, got {answer!r}")
+    theta = 10000.0 ** (-62 / 64)  # the angle per position of pair i = 31
+    want = 2 * math.pi / theta
+    if abs(answer - want) / want < 0.01:
+        return _report(True, f"2 pi / 10000^(-62/64) = {want:,.0f} positions: far longer than "
+                             "any training sequence, so that pair's angles are never all seen")
+    return _report(False, f"{answer:,} is not it; pair i turns by theta_i = 10000^(-2i/d) per "
+                          "position, and a full circle is 2 pi")
+
+
+def check_alibi_slopes(fn: Callable[[int], list]) -> bool:
+    """Chapter 5, exercise 3: ``fn(n_heads)`` gives ALiBi's slopes for a power-of-two head count."""
+    for n in (1, 2, 4, 8, 16):
+        try:
+            got = torch.as_tensor(fn(n), dtype=torch.float64).flatten()
+        except Exception as exc:
+            return _report(False, f"fn({n}) raised or gave no numbers: {type(exc).__name__}: {exc}")
+        want = alibi_slopes(n).double()
+        if got.shape != want.shape:
+            return _report(False, f"fn({n}) should give {n} slopes, got {got.numel()}")
+        if not torch.allclose(got, want):
+            return _report(False, f"fn({n}) = {[round(x, 4) for x in got.tolist()]}, expected "
+                                  f"{[round(x, 4) for x in want.tolist()]}")
+    return _report(True, "a geometric sequence: start = ratio = 2^(-8/n)")
+
+
+def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Chapter 8, exercise 1: ``fn(x)`` turns heads ``(B, H, T, hd)`` into ``(B, T, H * hd)``."""
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(8))  # (B, H, T, hd)
+    try:
+        got = fn(x)
+    except Exception as exc:
+        return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+    want = x.transpose(1, 2).reshape(2, 4, 15)  # (B, T, H * hd)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return _report(False, f"expected shape {tuple(want.shape)}, got {shape}")
+    if torch.equal(got, want):
+        return _report(True, "token t gets head 0's features, then head 1's, ...")
+    if torch.equal(got, x.reshape(2, 4, 15)):
+        return _report(False, "the right shape, but in memory order: token 0 holds tokens 0 "
+                              "and 1 of head 0; move the head axis first")
+    return _report(False, "the values are not where they belong: token t, head h should sit "
+                          "at [:, t, h * hd : (h + 1) * hd]")
