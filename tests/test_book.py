@@ -96,6 +96,7 @@ def test_exercises_have_solutions_that_pass_and_placeholders_that_do_not(path, c
     assert "Not yet" in capsys.readouterr().out
 
 
+@pytest.mark.built_book
 def test_book_was_built_from_the_current_sources():
     assert (BUILD / "index.html").exists(), "run `make book` (make test does) before pytest"
     current = subprocess.run([sys.executable, str(ROOT / "tools" / "srchash.py")],
@@ -103,6 +104,7 @@ def test_book_was_built_from_the_current_sources():
     assert (ROOT / "_build" / ".src-hash").read_text().strip() == current
 
 
+@pytest.mark.built_book
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_built_chapter_page_has_its_figures_and_no_errors(path):
     page = BUILD / "chapters" / f"{path.stem}.html"

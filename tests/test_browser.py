@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.built_book
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
 # Debian's chromium; elsewhere (a GitHub runner's Chrome, say) set CHROMIUM to the browser's path
