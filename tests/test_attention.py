@@ -136,3 +136,26 @@ def test_follows_input_dtype():
     q = k = v = torch.randn(2, 5, 8, dtype=torch.bfloat16)
     out, weights = selfattn.scaled_dot_product_attention(q, k, v)
     assert out.dtype == weights.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal"])
+def test_the_in_place_inference_path_equals_the_plain_one(grad, mask_kind):
+    # the explicit path fills and normalises its own scores in place when nothing needs them
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
+    keep = torch.rand(2, 1, 6, 6, generator=g) > 0.4
+    keep[0, 0, 2] = False  # one query with no key at all
+    mask = {"none": None, "bool": keep, "float": selfattn.to_additive(keep), "causal": None}
+    kwargs = {"attn_mask": mask[mask_kind], "is_causal": mask_kind == "causal"}
+    scores = (q / math.sqrt(8)) @ k.transpose(-2, -1)
+    expected = selfattn.masked_softmax(scores, **kwargs)
+    if grad:
+        q.requires_grad_(True)
+    out, w = selfattn.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(out, expected @ v)
+    assert not w.isnan().any()
+    if grad:
+        out.sum().backward()  # no "modified by an inplace operation" error
+        assert q.grad is not None and not q.grad.isnan().any()
