@@ -186,3 +186,36 @@ def test_head_dim_out_dim_and_config():
     assert m.config.n_kv_heads == 4 and m.config.group_size == 1
     with pytest.raises(AttributeError):
         m.config.n_heads = 2  # frozen
+
+
+@pytest.mark.parametrize(("n_kv_heads", "chunks", "context"), [(1, 2, 40), (1, 3, 37), (2, 4, 64)])
+def test_split_cache_decoding_equals_the_plain_kernel(monkeypatch, n_kv_heads, chunks, context):
+    # flash-decoding: the keys split into parts merged by log-sum-exp, forced on a short cache
+    from selfattn import multihead
+
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
+    x = torch.randn(1, context + 1, 32)
+    with torch.no_grad():
+        full, _ = m(x, is_causal=True)
+        monkeypatch.setattr(multihead, "_decode_chunks", lambda q, k: chunks)
+        calls = []
+        original = multihead._split_kv_attention
+        monkeypatch.setattr(multihead, "_split_kv_attention",
+                            lambda *a: calls.append(a[3]) or original(*a))
+        cache = selfattn.KVCache()
+        m(x[:, :context], is_causal=True, kv_cache=cache)
+        step, _ = m(x[:, context:], is_causal=True, kv_cache=cache)
+    assert calls == [chunks]  # the decoding step (the prefill has a causal mask: plain kernel)
+    torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_split_cache_decoding_is_chosen_only_where_it_helps():
+    from selfattn import multihead
+
+    long = torch.zeros(1, 1, multihead.SPLIT_KV_MIN_KEYS, 8)
+    threads = torch.get_num_threads()
+    assert multihead._decode_chunks(torch.zeros(1, 1, 16, 8), long) == threads  # MQA decode
+    assert multihead._decode_chunks(torch.zeros(1, 1, 16, 8), long[:, :, :100]) == 1  # short
+    assert multihead._decode_chunks(torch.zeros(2, 1, 16, 8), long.expand(2, -1, -1, -1)) == 1
+    assert multihead._decode_chunks(torch.zeros(1, 1, 512, 8), long) == 1  # a prefill

@@ -144,6 +144,49 @@ def _group_mask(mask: Tensor, n_heads: int, n_kv_heads: int, L: int) -> Tensor:
     return m.expand(b, n_heads, L, s).reshape(b, n_kv_heads, g * L, s)  # (b, n_kv, g*L, s)
 
 
+SPLIT_KV_MIN_KEYS = 4096  # split a cache across threads from this many keys (see below)
+
+
+def _decode_chunks(q: Tensor, k: Tensor) -> int:
+    """How many parts to split the keys into for :func:`_split_kv_attention`; 1 = do not split.
+
+    PyTorch's CPU attention kernel spreads its work over (batch, key/value head) pairs. Decoding
+    one sequence with MQA has a single pair, so it runs on one core while the others wait;
+    splitting the keys gives every thread a part. Worth it only for a few queries (decoding)
+    against a long cache, on a CPU, with more threads than pairs.
+    """
+    B, H_kv, n_queries, _ = q.shape
+    if (q.device.type != "cpu" or B != 1 or n_queries > 64 or k.shape[2] < SPLIT_KV_MIN_KEYS
+            or not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
+        return 1
+    return torch.get_num_threads() // H_kv
+
+
+def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
+    r"""Attention of ``q`` (1, H_kv, n, hd) over ``k``, ``v`` (1, H_kv, S, hd), the keys split
+    into ``chunks`` parts computed side by side and merged ("flash-decoding", Dao et al. 2023).
+
+    Each part $c$ returns its output $o_c$ and the log-sum-exp $\ell_c$ of its scores; the exact
+    result is $\sum_c e^{\ell_c - \ell}\, o_c$ with $\ell = \log \sum_c e^{\ell_c}$.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    _, H_kv, n, hd = q.shape
+    S = k.shape[2]
+    m = S // chunks
+
+    def parts(t: Tensor) -> Tensor:  # (chunks, H_kv, m, hd): a view of the first chunks*m keys
+        return t.as_strided((chunks, H_kv, m, t.shape[3]),
+                            (m * t.stride(2), t.stride(1), t.stride(2), t.stride(3)),
+                            t.storage_offset())
+
+    out, lse = flash(q.expand(chunks, H_kv, n, hd), parts(k), parts(v))[:2]  # (c, H_kv, n, hd)
+    if chunks * m < S:  # the few keys left over
+        tail_out, tail_lse = flash(q, k[:, :, chunks * m :], v[:, :, chunks * m :])[:2]
+        out, lse = torch.cat([out, tail_out]), torch.cat([lse, tail_lse])
+    share = torch.softmax(lse, dim=0).to(out.dtype)  # (c, H_kv, n): each part's weight
+    return (out * share[..., None]).sum(0, keepdim=True)  # (1, H_kv, n, hd)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (MHA), grouped-query (GQA) or multi-query (MQA) by ``n_kv_heads``.
 
@@ -177,6 +220,15 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.kdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.vdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.out_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.out_dim, bias=bias)
+
+    def _packed_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``q_proj(x), k_proj(x), v_proj(x)`` as one matrix product with the three weights
+        stacked: one larger product runs closer to the machine's peak than three small ones."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight for p in projections])  # (H*hd + 2*H_kv*hd, d_model)
+        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+        sizes = [p.out_features for p in projections]
+        return F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, T, out) each
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         cfg = self.config
@@ -227,9 +279,15 @@ class MultiHeadAttention(nn.Module):
         H, H_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
         B, L, _ = query.shape
 
-        q = self.q_proj(query).view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
-        k = self.k_proj(key).view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
-        v = self.v_proj(value).view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
+        # self-attention over many rows: one matmul for q, k and v (stacking the weights copies
+        # them, which only pays when there are rows enough; decoding one token does not stack)
+        if key is query and value is query and B * L >= 64:
+            q, k, v = self._packed_projections(query)
+        else:
+            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        q = q.view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
+        k = k.view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
+        v = v.view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
         offset = 0 if kv_cache is None else kv_cache.length
         if cfg.rope:  # the new tokens sit at positions offset, offset + 1, ...
             q = apply_rope(q, torch.arange(offset, offset + L, device=q.device))
@@ -264,6 +322,9 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, is_causal=is_causal and plain, dropout_p=dropout_p
             )  # (B, H_kv, g*L, hd), (B, H_kv, g*L, S)
             weights = weights.reshape(B, H, L, S)  # (B, H, L, S)
+        elif mask is None and dropout_p == 0.0 and (chunks := _decode_chunks(q, k)) > 1:
+            out = _split_kv_attention(q, k, v, chunks)  # (1, H_kv, g*L, hd)
+            weights = None
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=is_causal and plain, dropout_p=dropout_p
