@@ -57,4 +57,4 @@ clean:
 
 # Benchmarks print tables measured in one run on this machine (see src/selfattn/bench.py).
 bench: $(STAMP)
-	$(PY) -m selfattn.bench
+	$(PY) -c "from selfattn.bench import main; main()"
