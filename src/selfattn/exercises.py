@@ -335,3 +335,30 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
                               "and 1 of head 0; move the head axis first")
     return _report(False, "the values are not where they belong: token t, head h should sit "
                           "at [:, t, h * hd : (h + 1) * hd]")
+
+
+def check_attention_flops(fn: Callable[..., int]) -> bool:
+    """Chapter 9, exercise 1: ``fn(L, S, d, n_heads, batch)`` is attention's dense forward FLOPs."""
+    from .bench import attention_flops
+
+    for args in ((1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)):
+        try:
+            got = fn(*args)
+        except Exception as exc:
+            return _report(False, f"my_flops{args} raised {type(exc).__name__}: {exc}")
+        want = attention_flops(*args)
+        if got != want:
+            hint = (" (that counts each product once: a multiply-add is 2 FLOPs)"
+                    if got == want // 2 else "")
+            return _report(False, f"my_flops{args} = {got!r}, expected {want:,}{hint}")
+    return _report(True, "4 * L * S * d per head and per sequence: QK^T and AV, 2LSd each")
+
+
+def check_scores_bytes(answer: object) -> bool:
+    """Chapter 9, exercise 2: bytes of a (32, 8192, 8192) float32 score matrix."""
+    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
+        return _report(False, f"set the answer to a number, got {answer!r}")
+    want = torch.empty(0).element_size() * 32 * 8192 * 8192
+    if answer == want:
+        return _report(True, f"{want:,} bytes = {want / 2**30:.0f} GiB for one layer's scores")
+    return _report(False, f"{answer:,} is not it: heads x T x T numbers of 4 bytes each")
