@@ -489,6 +489,18 @@ def main(out_dir: str = "_build/bench") -> None:
           "speed-up over MHA")
     decode = decode_benchmark([256, 1024, 4096, 8192, 16384])
     print(decode_table(decode))
+    step = {(r["context"], r["variant"]): r["ms_per_token"] for r in decode}
+    print("decode targets (chapter 7)")
+    for label, a, b, context, goal in [
+        ("MQA speed-up over MHA at 16384", "MHA", "MQA", 16384, 4.0),
+        ("GQA-4 speed-up over MHA at 16384", "MHA", "GQA-4", 16384, 2.0),
+        ("GQA-4 naive slow-down at 8192", "GQA-4 naive", "GQA-4", 8192, 4.0),
+        ("GQA-4 naive slow-down at 16384", "GQA-4 naive", "GQA-4", 16384, 4.0),
+        ("MQA naive slow-down at 8192", "MQA naive", "MQA", 8192, 4.0),
+        ("MQA naive slow-down at 16384", "MQA naive", "MQA", 16384, 4.0),
+    ]:
+        ratio = step[(context, a)] / step[(context, b)]
+        print(f"  {label:52s} {ratio:5.2f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
 
     for name, table in [("attention", rows), ("scaling", scaling), ("decode", decode)]:
         with open(out / f"{name}.csv", "w", newline="") as f:
@@ -502,8 +514,8 @@ def main(out_dir: str = "_build/bench") -> None:
 def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(14, 4.2))
-    left, middle, right = fig.subplots(1, 3)
+    fig = Figure(figsize=(15, 4.5), layout="constrained")
+    left, middle, right = fig.subplots(1, 3, width_ratios=[1.2, 1, 1])
     forward = [r for r in rows if r["mode"] == "forward"]
     left.barh([r["variant"] for r in forward], [r["gflops"] for r in forward], color="C0")
     left.axvline(ceiling, color="C3", ls="--", label=f"matmul ceiling {ceiling:.0f}")
@@ -514,13 +526,16 @@ def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:
         sub = [r for r in scaling if r["variant"] == name]
         middle.loglog([r["T"] for r in sub], [r["ms"] for r in sub], "o-", label=name)
         right.loglog([r["T"] for r in sub], [r["peak_mb"] for r in sub], "o-", label=name)
+    lengths = sorted({r["T"] for r in scaling})
+    for ax in (middle, right):
+        ax.set_xticks(lengths, [str(t) for t in lengths])
+        ax.minorticks_off()
     middle.set(xlabel="sequence length T", ylabel="ms (forward, batch 1, 8 heads)",
                title="Time against length")
     right.set(xlabel="sequence length T", ylabel="peak MiB of tensors",
               title="Memory against length")
     middle.legend(fontsize=8)
     right.legend(fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
