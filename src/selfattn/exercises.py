@@ -362,3 +362,42 @@ def check_scores_bytes(answer: object) -> bool:
     if answer == want:
         return _report(True, f"{want:,} bytes = {want / 2**30:.0f} GiB for one layer's scores")
     return _report(False, f"{answer:,} is not it: heads x T x T numbers of 4 bytes each")
+
+
+def check_bert_layer_parameters(fn: Callable[[int, int], int]) -> bool:
+    """Chapter 10, exercise 1: ``fn(d, d_ff)`` counts the parameters of one BertLayer."""
+    from .pretrained import BertConfig, BertLayer
+
+    for d, d_ff, heads in ((384, 1536, 12), (8, 32, 2), (768, 3072, 12)):
+        try:
+            got = fn(d, d_ff)
+        except Exception as exc:
+            return _report(False, f"my_layer_parameters({d}, {d_ff}) raised {type(exc).__name__}: "
+                                  f"{exc}")
+        want = count_parameters(BertLayer(BertConfig(10, d, 1, heads, d_ff, 8, 2, 1e-12)))
+        if got != want:
+            return _report(False, f"my_layer_parameters({d}, {d_ff}) = {got!r}, the layer has "
+                                  f"{want:,}")
+    return _report(True, "4(d^2 + d) + (d d_ff + d_ff) + (d_ff d + d) + 4d, as counted")
+
+
+def check_previous_share(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Chapter 10, exercise 2: ``fn(w)`` is each head's mean weight on the previous token."""
+    from .pretrained import offset_share
+
+    g = torch.Generator().manual_seed(10)
+    w = torch.softmax(torch.randn(3, 7, 7, generator=g), dim=-1)  # (H, T, T)
+    try:
+        got = fn(w)
+    except Exception as exc:
+        return _report(False, f"your function raised {type(exc).__name__}: {exc}")
+    want = offset_share(w[None, None], torch.ones(1, 7, dtype=torch.bool), -1)[0]  # (H,)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return _report(False, f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
+    if torch.allclose(got, want):
+        return _report(True, "the mean of w[h, q, q - 1] over q = 1..T-1, per head")
+    if torch.allclose(got, offset_share(w[None, None], torch.ones(1, 7, dtype=torch.bool), 1)[0]):
+        return _report(False, "that is the next token (q + 1); the previous one is q - 1")
+    return _report(False, f"expected {[round(x, 3) for x in want.tolist()]}, got "
+                          f"{[round(x, 3) for x in got.tolist()]}")
