@@ -119,3 +119,17 @@ def test_compare_rotates_the_order_of_variants(monkeypatch):
     timed = order[3:]  # after one calibration call each
     assert timed == list("abc") + list("bca") + list("cab")
     assert math.isfinite(bench.compare(fns, repeats=1, warmup=0)["a"].median)
+
+
+def test_attention_benchmark_rows_and_their_ratios():
+    rows = bench.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
+                                     min_sample_s=0.001)
+    assert {r["mode"] for r in rows} == {"forward", "forward+backward", "inference, causal"}
+    for r in rows:
+        reference = ("F.scaled_dot_product_attention" if r["level"] == "core"
+                     else "nn.MultiheadAttention(need_weights=False)")
+        if r["variant"] == reference:
+            assert r["vs_reference"] == 1.0
+        if r["variant"] == "F.scaled_dot_product_attention":
+            assert r["vs_sdpa"] == 1.0
+        assert r["ms"] > 0 and r["gflops"] > 0
