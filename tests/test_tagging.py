@@ -192,3 +192,31 @@ def test_learned_positions_beyond_training_get_no_gradient():
     train.train(model, data.recent_cue_task(64, seq_len=8), steps=3, batch_size=8, progress=False)
     after = model.learned.table.weight.detach()
     assert not torch.equal(after[:8], before[:8]) and torch.equal(after[8:], before[8:])
+
+
+@pytest.mark.parametrize("name", ["window", "attention"])
+def test_train_seeds_gives_the_models_that_separate_trainings_give(name):
+    task = data.tagging_task(300, seq_len=12, seed=3)
+
+    def make():
+        return TAGGERS[name](task.vocab_size, task.n_tags)
+
+    batched, histories = train.train_seeds(make, task, seeds=[4, 7], steps=5, batch_size=8,
+                                           lr=1e-2, progress=False)
+    for seed, model, history in zip([4, 7], batched, histories, strict=True):
+        torch.manual_seed(seed)
+        alone = make()
+        expected = train.train(alone, task, steps=5, batch_size=8, lr=1e-2, seed=seed,
+                               progress=False)
+        for (n, a), b in zip(alone.named_parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=n)  # float rounding
+        torch.testing.assert_close(torch.tensor(history.loss), torch.tensor(expected.loss))
+        assert not model.training
+    # the seeds really differ
+    assert not torch.equal(next(batched[0].parameters()), next(batched[1].parameters()))
+
+
+def test_train_seeds_needs_a_seed():
+    with pytest.raises(ValueError, match="at least one seed"):
+        train.train_seeds(lambda: TAGGERS["window"](20, 6), data.tagging_task(10, seq_len=12),
+                          seeds=[])
