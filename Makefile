@@ -1,14 +1,16 @@
-# Two commands do everything on a fresh machine with Python 3.11+ and make:
+# Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
-#   make test   set up .venv if needed; unit tests + nbval beside the book build, then book checks
+#   make test   find or install a browser; set up .venv if needed; unit tests, then the chapters
+#               under nbval on Colab's widget versions, beside the book build; then book checks
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
+CJK_FONT := _vendor/fonts/book-cjk.woff2
 
-.PHONY: book test lint bench clean
+.PHONY: book test lint bench clean browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +32,13 @@ $(VENDOR): package.json package-lock.json Makefile
 		node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} _vendor/widgets/
 	touch $@
 
-book: $(STAMP) $(VENDOR)
+# The Chinese terms' font: Noto Sans SC from npm, cut to the characters the pages use (a few
+# tens of KB), so they render on machines without a CJK font. Rebuilt when a page changes.
+$(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipynb)
+	$(PY) tools/cjk_font.py $(@D)
+	cp node_modules/noto-sans-sc/LICENSE_OFL.txt $(@D)/
+
+book: $(STAMP) $(VENDOR) $(CJK_FONT)
 	@hash=$$($(PY) tools/srchash.py); \
 	if [ "$$(cat _build/.src-hash 2>/dev/null)" != "$$hash" ]; then \
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
@@ -39,17 +47,26 @@ book: $(STAMP) $(VENDOR)
 	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
-# Every chapter runs twice in make test: in the book build and under nbval. The two run side by
-# side, one thread each (small tensors gain little from a second thread, so on 2 cores this takes
-# about half the time of one after the other). The tests that read the built book run last.
-test: $(STAMP) $(VENDOR)
+# The browser test needs a Chromium: find one, or install one where this machine allows it
+# (tools/find_browser.py). Without one, make test stops here, in seconds, saying what to install.
+browser:
+	@$(PYTHON) tools/find_browser.py --install > /dev/null
+
+# Every chapter runs twice in make test: in the book build (ipywidgets 8, static explorers) and
+# under nbval in .venv/colab, on the widget versions Colab has (ipywidgets 7.7.1, live explorers
+# driven by tests/colab_harness.py; see tools/colab_env.py). The two run side by side, one thread
+# each (small tensors gain little from a second thread, so on 2 cores this takes about half the
+# time of one after the other). The tests that read the built book and the harness's report
+# run last.
+test: browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	@log=$$(mktemp); \
 	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
-	OMP_NUM_THREADS=1 $(PY) -m pytest --nbval-lax -m "not built_book"; tests=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
+	OMP_NUM_THREADS=1 $(PY) tools/colab_env.py pytest --nbval-lax chapters; chapters=$$?; \
 	wait $$book; built=$$?; cat $$log; rm -f $$log; \
 	if [ $$built -ne 0 ]; then echo "make book failed (exit $$built)"; exit $$built; fi; \
-	$(PY) -m pytest -m built_book; late=$$?; \
-	[ $$tests -eq 0 ] && [ $$late -eq 0 ]
+	$(PY) -m pytest -m built_book tests; late=$$?; \
+	[ $$unit -eq 0 ] && [ $$chapters -eq 0 ] && [ $$late -eq 0 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

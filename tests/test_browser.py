@@ -1,17 +1,19 @@
 """The built book in a real browser: headless Chromium, no kernel, no network.
 
-For every page of the book: no JavaScript errors, no request leaving 127.0.0.1, every embedded
-widget view rendered, every figure loaded. For the static explorers: moving a slider changes the
-heatmap on screen. Screenshots go to _build/screenshots/ (the run's summary names the folder).
-`make test` builds the book first.
+For every page of the book, in a 1280 px wide window: no JavaScript errors, no request leaving
+127.0.0.1, every embedded widget view rendered, every figure loaded, the Chinese terms drawn with
+the book's own font (the machines that run this have no CJK font), no raw LaTeX outside the
+math, no code or printed line wider than its block, and no figure whose smallest text is under
+9 px as displayed (from the sizes tests/colab_harness.py recorded while the chapters ran). For
+the static explorers: moving a slider changes the heatmap on screen. Screenshots go to
+_build/screenshots/ (the run's summary names the folder). `make test` builds the book first.
 """
 
 import functools
 import http.server
+import importlib.util
 import json
-import os
 import pathlib
-import shutil
 import threading
 
 import pytest
@@ -21,9 +23,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.built_book
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
-# Debian's chromium; elsewhere (a GitHub runner's Chrome, say) set CHROMIUM to the browser's path
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# Logged by the stock Jupyter Book 1.x theme on every page, widgets or not (see DESIGN.md):
+_spec = importlib.util.spec_from_file_location("find_browser", ROOT / "tools" / "find_browser.py")
+find_browser = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(find_browser)
+# Logged by the stock Jupyter Book 1.x theme on every page, widgets or not:
 # sphinx-thebe declares its URL constant twice; the theme finds no saved light/dark choice.
 KNOWN_THEME_MESSAGES = {
     "Identifier 'THEBE_JS_URL' has already been declared",
@@ -59,9 +62,10 @@ def server():
 def browser():
     from playwright.sync_api import sync_playwright
 
-    assert pathlib.Path(CHROMIUM).exists(), "install Debian's chromium (.ci/run does)"
+    chromium = find_browser.find()
+    assert chromium, find_browser.HOW_TO  # make test finds or installs one before any test
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+        b = p.chromium.launch(executable_path=chromium, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield b
@@ -100,6 +104,9 @@ def test_page_renders_offline_without_errors(browser, server, name):
     assert log["offhost"] == [], "requests left 127.0.0.1"
     errors = [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES]
     assert errors == [], "JavaScript errors in the console"
+    problems = (chinese_not_in_the_books_font(page) + raw_latex(page) + lines_too_wide(page)
+                + figures_too_small(page, name))
+    assert problems == [], f"{name}: " + "; ".join(problems)
 
     n_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
     rendered = page.locator(".cell_output .widget-subarea > .jupyter-widgets").count()
@@ -118,6 +125,111 @@ def test_page_renders_offline_without_errors(browser, server, name):
         print(f"{name}: {n_views} widget views, {shown} images, {log['bytes'] / 1e6:.2f} MB")
     check_sliders_change_the_heatmap(page, name)
     page.close()
+
+
+CJK = r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]"
+
+
+def chinese_not_in_the_books_font(page):
+    """Every visible element with Chinese text: its CJK characters are all drawn with the book's
+    subset of Noto Sans SC (tools/cjk_font.py), asked of the browser's layout (DevTools protocol)."""
+    count = page.evaluate("""(cjk) => {
+        const re = new RegExp(cjk, "g"); let n = 0;
+        const walk = document.createTreeWalker(document.querySelector("main"), NodeFilter.SHOW_TEXT);
+        while (walk.nextNode()) {
+            const el = walk.currentNode.parentElement;
+            const found = walk.currentNode.textContent.match(re);
+            if (!found || !el || el.offsetParent === null) continue;
+            if (!el.hasAttribute("data-cjk")) { el.setAttribute("data-cjk", 0); n++; }
+            el.setAttribute("data-cjk", +el.getAttribute("data-cjk") + found.length);
+        }
+        return n;
+    }""", CJK)
+    if not count:
+        return []
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    problems = []
+    for node in cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": "[data-cjk]"})["nodeIds"]:
+        attributes = cdp.send("DOM.getAttributes", {"nodeId": node})["attributes"]
+        chars = int(dict(zip(attributes[::2], attributes[1::2], strict=True))["data-cjk"])
+        fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+        ours = sum(f["glyphCount"] for f in fonts
+                   if f["isCustomFont"] and f["familyName"].startswith("Noto Sans SC"))
+        if ours < chars:
+            problems.append(f"{chars} Chinese characters, {ours} drawn with the book's font "
+                            f"({[f['familyName'] for f in fonts]})")
+    cdp.detach()
+    return problems
+
+
+def raw_latex(page):
+    """LaTeX that reached the page as text (a title with math inside a {doc} link, say)."""
+    found = page.evaluate(r"""() => {
+        const skip = "pre, code, script, style, .math, mjx-container, .MathJax";
+        const walk = document.createTreeWalker(document.querySelector("main"), NodeFilter.SHOW_TEXT);
+        const out = [];
+        while (walk.nextNode()) {
+            const el = walk.currentNode.parentElement;
+            if (!el || el.closest(skip) || el.offsetParent === null) continue;
+            const m = walk.currentNode.textContent.match(/\\[a-zA-Z]{2,}/);
+            if (m) out.push(walk.currentNode.textContent.trim().slice(0, 60));
+        }
+        return out;
+    }""")
+    return [f"raw LaTeX on the page: {t!r}" for t in found]
+
+
+def lines_too_wide(page):
+    """Code blocks and printed output whose longest line runs past the block's right edge."""
+    wide = page.evaluate(r"""() => [...document.querySelectorAll("main pre")]
+        .filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1)
+        .map(p => [p.scrollWidth - p.clientWidth,
+                   p.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "")])""")
+    return [f"a line {over} px wider than its block: {line.strip()[:70]!r}" for over, line in wide]
+
+
+MIN_TEXT_PX = 9.0
+
+
+def figures_too_small(page, name):
+    """Figures whose smallest text, as displayed here, is under MIN_TEXT_PX. A PNG wider than the
+    output column is scaled down to it (checked on the page's images); the text sizes and widths
+    of every figure a chapter draws were recorded by tests/colab_harness.py in make test's nbval
+    pass, explorer pictures included."""
+    if not name.startswith("chapters/"):
+        return []
+    column, images = page.evaluate("""() => {
+        const out = [...document.querySelectorAll(".cell_output")].find(e => e.offsetParent !== null);
+        const imgs = [...document.querySelectorAll(".cell_output img")]
+            .filter(i => i.offsetParent !== null).map(i => [i.naturalWidth, i.clientWidth]);
+        return [out ? out.clientWidth : 0, imgs];
+    }""")
+    problems = [f"an image {natural} px wide is shown {shown} px wide, not {min(natural, column)}"
+                for natural, shown in images if abs(shown - min(natural, column)) > 2]
+    sources = {"".join(c["source"]) for c in json.loads((ROOT / f"{name}.ipynb").read_text())["cells"]
+               if c["cell_type"] == "code"}
+    for record in harness_records():
+        if record["cell"] not in sources:
+            continue
+        for figure in record["figures"]:
+            if figure["min_text_px"] is None:
+                continue
+            shown = figure["min_text_px"] * min(1.0, column / figure["width"])
+            if shown < MIN_TEXT_PX - 0.05:
+                first_line = record["cell"].strip().splitlines()[0][:50]
+                problems.append(f"a figure {figure['width']} px wide has text of {shown:.1f} px "
+                                f"({figure['text']!r}), in the cell starting {first_line!r}")
+    return problems
+
+
+@functools.cache
+def harness_records():
+    from test_colab import harness_report
+
+    return harness_report()
 
 
 SLIDERS_MOVED: list[str] = []

@@ -28,6 +28,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 ANNOTATE_UP_TO = 12  # annotate every cell only while the matrix is at most this many tokens wide
+ANNOTATION_PT = 9  # the numbers in the cells
+# The book's content column is 688 px wide in a 1280 px window: a notebook figure (100 dpi) up to
+# PAGE_WIDTH inches wide and an explorer picture (72 dpi) up to EXPLORER_WIDTH inches are shown at
+# full size, so text of 7 pt and 9 pt respectively stays at least 9 px tall on the page.
+PAGE_WIDTH = 6.8
+EXPLORER_WIDTH = 9.4
+EXPLORER_DPI = 72
 MAX_STATES = 48  # a static explorer precomputes at most this many heatmaps ...
 MAX_PAGE_BYTES = 3_000_000  # ... and at most this many bytes of PNG, about 20-40 KB each
 STATIC_ENV = "SELFATTN_STATIC"  # set to 1 (the Makefile's book build does) for static explorers
@@ -76,11 +83,12 @@ def heatmap(
     if ax is None:
         import matplotlib.pyplot as plt  # only when drawing into a new figure of pyplot's
 
-        _, ax = plt.subplots(figsize=(1.2 + 0.5 * S, 0.8 + 0.45 * L))
+        width = min(1.2 + 0.5 * S, PAGE_WIDTH)
+        _, ax = plt.subplots(figsize=(width, 0.8 + (width - 1.2) / S * 0.9 * L))
     ax.set_facecolor("#dddddd")  # shows through the masked (hidden) cells
     sns.heatmap(
         w, ax=ax, mask=hidden, cmap="YlGnBu", vmin=0.0, vmax=1.0, square=True,
-        annot=annot, fmt=".2f", annot_kws={"fontsize": 8}, linewidths=0.5 if annot else 0,
+        annot=annot, fmt=".2f", annot_kws={"fontsize": ANNOTATION_PT}, linewidths=0.5 if annot else 0,
         linecolor="white", cbar=cbar, cbar_kws={"label": "weight", "shrink": 0.8},
         xticklabels=list(x_tokens) if x_tokens is not None else "auto",
         yticklabels=list(y_tokens) if y_tokens is not None else "auto",
@@ -101,12 +109,14 @@ def heads(
     weights: torch.Tensor | np.ndarray,
     x_tokens: Sequence[str] | None = None,
     y_tokens: Sequence[str] | None = None,
+    mask: torch.Tensor | np.ndarray | None = None,
     batch: int = 0,
     ncols: int = 4,
     title: str = "",
-    mask: torch.Tensor | np.ndarray | None = None,
 ) -> Figure:
-    """Draw every head of ``(H, L, S)`` or ``(B, H, L, S)`` weights side by side, one colour scale."""
+    """Draw every head of ``(H, L, S)`` or ``(B, H, L, S)`` weights side by side, one colour scale,
+    in a grid ``ncols`` wide that fits the page (``PAGE_WIDTH``); token labels are drawn while
+    they fit a panel at a legible size, and left off otherwise."""
     w = _to_numpy(weights)
     if w.ndim == 4:
         w = w[batch]
@@ -117,8 +127,10 @@ def heads(
     nrows = math.ceil(H / ncols)
     import matplotlib.pyplot as plt
 
-    cell = 0.3 + 0.32 * max(L, S)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(cell * ncols + 1.0, cell * nrows + 0.8),
+    panel = (PAGE_WIDTH - 0.9) / ncols  # inches per panel, after the colorbar and labels
+    label_pt = min(9.0, 0.8 * 72 * panel / max(L, S))  # one token per label's height
+    labels = label_pt >= 7  # 7 pt at 100 dpi is 9.7 px on the page
+    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH, 0.5 + nrows * (panel * L / S + 0.45)),
                              squeeze=False, layout="constrained")
     for h, ax in enumerate(axes.flat):
         if h >= H:
@@ -126,10 +138,13 @@ def heads(
             continue
         heatmap(w[h], x_tokens, y_tokens, mask=mask, ax=ax, annot=False, cbar=False,
                 title=f"head {h}")
-        if h % ncols:
-            ax.set_ylabel("")
-        if h < H - ncols:
-            ax.set_xlabel("")
+        ax.tick_params(labelsize=label_pt)
+        if not labels:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        ax.title.set_fontsize(9)
+        ax.set_xlabel("key" if h >= H - ncols else "", fontsize=9)
+        ax.set_ylabel("query" if h % ncols == 0 else "", fontsize=9)
     fig.colorbar(axes.flat[0].collections[0], ax=axes, shrink=0.6, label="weight")
     if title:
         fig.suptitle(title)
@@ -152,7 +167,7 @@ class InputError(ValueError):
     """Raised by an explorer's ``compute`` for input a reader can fix; shown as a short message."""
 
 
-def render_png(view: View | Figure, dpi: int = 72) -> bytes:
+def render_png(view: View | Figure, dpi: int = EXPLORER_DPI) -> bytes:
     """Draw a :class:`View` (or save a ``matplotlib.figure.Figure``, made without pyplot) into
     PNG bytes; nothing leaks into the notebook."""
     if isinstance(view, Figure):
@@ -160,7 +175,8 @@ def render_png(view: View | Figure, dpi: int = 72) -> bytes:
         view.savefig(buf, format="png", dpi=dpi)
         return buf.getvalue()
     L, S = _pick(_to_numpy(view.weights), 0, 0).shape
-    fig = Figure(figsize=(1.6 + 0.5 * S, 1.0 + 0.45 * L))
+    width = min(1.6 + 0.6 * S, EXPLORER_WIDTH)  # at most the page's column at EXPLORER_DPI
+    fig = Figure(figsize=(width, 1.0 + (width - 1.6) / S * 0.9 * L))
     ax = fig.add_subplot()
     heatmap(view.weights, view.x_tokens, view.y_tokens, mask=view.mask, title=view.title, ax=ax)
     fig.tight_layout()
@@ -190,7 +206,8 @@ def explorer(
         max_tokens: longer typed sentences get a message instead of a heatmap.
         static: precompute every state and switch in the browser (no kernel needed), or
             recompute live. Default: static when the environment variable ``SELFATTN_STATIC=1``
-            (set by ``make book``), live otherwise.
+            (set by ``make book``), live otherwise. Live mode works on ipywidgets 7 and 8 (Colab
+            renders only 7); static mode needs ipywidgets 8 (``Stack``).
 
     Limits of the static mode: at most ``MAX_STATES`` (48) states, the product of the number of
     values of every control (and of the sentences), and at most ``MAX_PAGE_BYTES`` (3 MB) of PNG
@@ -222,6 +239,10 @@ def explorer(
 
     names = list(controls)
     if static:
+        if not hasattr(widgets, "Stack"):  # Colab's ipywidgets 7.7.1, say
+            raise RuntimeError(
+                "static explorers need ipywidgets>=8 (for Stack), and this kernel has ipywidgets "
+                f"{widgets.__version__}; unset {STATIC_ENV} to recompute the view live instead")
         options = [list(controls[n]) for n in names]
         if sentences is not None:
             names.append("sentence")
@@ -249,8 +270,7 @@ def explorer(
             widgets.jsdlink((inputs[level], "index"), (stack, "selected_index"))
             return stack
 
-        body = build(0, ())
-        return widgets.VBox([*inputs, body], layout=widgets.Layout(align_items="flex-start"))
+        return _box(widgets, [*inputs, build(0, ())])
 
     inputs = [_control(widgets, n, list(controls[n])) for n in names]
     if sentences is not None:
@@ -275,8 +295,14 @@ def explorer(
     for w in inputs:
         w.observe(redraw, names="value")
     redraw()
-    return widgets.VBox([*inputs, message, image, caption],
-                        layout=widgets.Layout(align_items="flex-start"))
+    return _box(widgets, [*inputs, message, image, caption])
+
+
+def _box(widgets, children: list):
+    """The explorer's outer box, marked with the CSS class ``selfattn-explorer`` (tests find it)."""
+    box = widgets.VBox(children, layout=widgets.Layout(align_items="flex-start"))
+    box.add_class("selfattn-explorer")
+    return box
 
 
 def _caption(view: View | Figure) -> str:

@@ -1,0 +1,113 @@
+"""IPython startup file for `make test`'s run of the chapters on Colab's widget versions.
+
+tools/colab_env.py links this file into the IPYTHONDIR of .venv/colab, where ipywidgets is
+Colab's 7.7.1, so every kernel that nbval starts there runs it first. When the environment
+variable SELFATTN_HARNESS_REPORT names a file, then after every cell it appends one JSON line:
+
+* ``explorers``: each live explorer (``selfattn.viz.explorer``) the cell displayed, driven the way
+  a reader's browser would: every control set to each of its values in turn (did the picture
+  change each time?), then bad sentences typed into its text box (did a message replace the
+  picture, and did the picture come back?);
+* ``figures``: each PNG the cell saved (inline figures and explorer pictures alike): its width
+  in pixels and the size in pixels of the smallest text drawn into it.
+
+tests/test_colab.py and tests/test_browser.py read the report; nothing here asserts.
+"""
+
+import json
+import os
+import traceback
+
+
+def _install(ip, report_path):
+    import io
+
+    import ipywidgets
+    import matplotlib
+    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.text import Text
+
+    cell = {"figures": []}
+    original_print_figure = FigureCanvasBase.print_figure
+
+    def smallest_text_px(figure, dpi):
+        sizes = [(t.get_fontsize() * dpi / 72, t.get_text().strip()[:30])
+                 for t in figure.findobj(Text)
+                 if t.get_visible() and t.get_text().strip()
+                 and (t.axes is None or t.axes.get_visible())]
+        return min(sizes) if sizes else (None, "")
+
+    def print_figure(self, filename, *args, **kwargs):
+        fmt = kwargs.get("format") or (filename if isinstance(filename, str) else "png")
+        dpi = kwargs.get("dpi") or matplotlib.rcParams["savefig.dpi"]
+        if dpi == "figure":
+            dpi = self.figure.dpi
+        size, text = smallest_text_px(self.figure, dpi)
+        result = original_print_figure(self, filename, *args, **kwargs)
+        if isinstance(filename, io.BytesIO) and str(fmt).endswith("png"):
+            png = filename.getvalue()
+            width = int.from_bytes(png[16:20], "big")  # the IHDR chunk
+            cell["figures"].append({"width": width, "min_text_px": size, "text": text})
+        return result
+
+    FigureCanvasBase.print_figure = print_figure
+
+    def drive(box):
+        """Move every control of a live explorer, then type bad sentences; say what happened."""
+        kids = list(box.children)
+        controls = [w for w in kids if isinstance(w, (ipywidgets.SelectionSlider, ipywidgets.Dropdown))]
+        texts = [w for w in kids if isinstance(w, ipywidgets.Text)]
+        image = next(w for w in kids if isinstance(w, ipywidgets.Image))
+        message = next(w for w in kids if isinstance(w, ipywidgets.HTML))  # above the image
+
+        def shown():
+            return None if image.layout.display == "none" else bytes(image.value)
+
+        first = shown()
+        record = {"controls": [], "bad_sentences": [], "models": sorted(
+            {f"{w._model_module}@{w._model_module_version}:{w._model_name}"
+             for w in [box, *kids, image.layout, *(getattr(w, "style", None) for w in kids)]
+             if w is not None})}
+        for control in controls:
+            pictures = [shown()]
+            for index in range(1, len(control.options)):
+                control.index = index
+                pictures.append(shown())
+            control.index = 0
+            record["controls"].append({
+                "name": control.description, "values": len(control.options),
+                "changes": sum(a != b and b is not None for a, b in zip(pictures, pictures[1:])),
+                "back_to_first": shown() == first})
+        for text in texts:
+            good = text.value
+            for bad in ["", " ".join(["the"] * 40)]:
+                text.value = bad
+                record["bad_sentences"].append({
+                    "typed": bad[:20], "message": message.value, "picture_hidden": shown() is None})
+            text.value = good
+            record["restored"] = shown() == first
+        return record
+
+    def pre_run_cell(info):
+        cell.clear()
+        cell["figures"] = []
+
+    def post_run_cell(result):
+        entry = {"cell": result.info.raw_cell, "ipywidgets": ipywidgets.__version__,
+                 "figures": cell["figures"], "explorers": []}
+        value = result.result
+        if isinstance(value, ipywidgets.Box) and "selfattn-explorer" in value._dom_classes:
+            try:
+                entry["explorers"].append(drive(value))
+            except Exception:  # recorded, so the test that reads the report can show it
+                entry["explorers"].append({"error": traceback.format_exc()})
+        if entry["figures"] or entry["explorers"]:
+            with open(report_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    ip.events.register("pre_run_cell", pre_run_cell)
+    ip.events.register("post_run_cell", post_run_cell)
+
+
+if os.environ.get("SELFATTN_HARNESS_REPORT"):
+    _install(get_ipython(), os.environ["SELFATTN_HARNESS_REPORT"])  # noqa: F821 (IPython's)
