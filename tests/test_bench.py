@@ -133,3 +133,26 @@ def test_attention_benchmark_rows_and_their_ratios():
         if r["variant"] == "F.scaled_dot_product_attention":
             assert r["vs_sdpa"] == 1.0
         assert r["ms"] > 0 and r["gflops"] > 0
+
+
+def test_timing_waits_for_the_gpu_before_reading_the_clock(monkeypatch):
+    """On CUDA a call returns once its kernels are queued: every clock read must follow a sync.
+    This machine has no GPU, so CUDA is faked: each 'kernel' only finishes at the next sync."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(bench, "_cpu_busy_seconds", lambda: 0.0)
+
+    def launch():
+        events.append("launch")
+
+    bench.median_time(launch, repeats=2, warmup=0)
+    bench.compare({"a": launch}, repeats=2, warmup=0, min_sample_s=0.0)
+    # between a launch and the next clock read there is always a sync
+    timed = "".join("L" if e == "launch" else "s" for e in events)
+    assert "LL" not in timed and timed.startswith("sL") and timed.endswith("Ls")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # CUDA never used: no sync
+    events.clear()
+    bench.median_time(launch, repeats=2, warmup=0)
+    assert events == ["launch", "launch"]

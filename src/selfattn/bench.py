@@ -25,14 +25,23 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work, if CUDA is in use: a GPU runs asynchronously, so a clock
+    read right after a call would time only the launch of its kernels."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls."""
+    """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls (CUDA synchronized)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize()
         start = time.perf_counter()
         fn()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -75,8 +84,10 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int 
             fns[name]()
     inner = {}
     for name in names:  # calls per sample, from one timed call
+        synchronize()
         start = time.perf_counter()
         fns[name]()
+        synchronize()
         inner[name] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-9)))
     tick = 2 / os.sysconf("SC_CLK_TCK")
     kept: dict[str, Timing] = {name: Timing() for name in names}
@@ -84,9 +95,11 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int 
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             fn, n = fns[name], inner[name]
+            synchronize()
             busy0, own0, start = _cpu_busy_seconds(), time.process_time(), time.perf_counter()
             for _ in range(n):
                 fn()
+            synchronize()
             wall = time.perf_counter() - start
             busy1, own1 = _cpu_busy_seconds(), time.process_time()
             others = 0.0 if busy0 is None else (busy1 - busy0) - (own1 - own0)
@@ -250,11 +263,13 @@ def decode_benchmark(
                 order = variants[r % len(variants):] + variants[: r % len(variants)]
                 for name, kv, is_naive in order:
                     cache, x = states[name]
+                    synchronize()
                     start = time.perf_counter()
                     if is_naive:
                         naive_decode_step(models[kv], x, cache)
                     else:
                         models[kv](x, is_causal=True, kv_cache=cache)
+                    synchronize()
                     if r >= warmup:
                         samples[name].append(time.perf_counter() - start)
         for name, kv, is_naive in variants:
