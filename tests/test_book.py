@@ -69,6 +69,23 @@ def test_chapter_is_committed_executed_in_order_and_small(path):
         assert "sys.path" not in source(c), "import the installed package, never edit sys.path"
 
 
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_readers_see_no_test_plumbing_in_the_code(path):
+    for c in cells(path, "code"):
+        assert not re.search(r"^\s*#\s*(NBVAL|PYTEST_VALIDATE)_", source(c), re.M), (
+            f"{path.stem}: use a cell tag (nbval-check-output, ...) instead of a comment")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_with_a_gpu_cell_opens_a_gpu_runtime_on_colab(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    gpu_cells = [c for c in cells(path, "code") if "skip-execution" in c["metadata"].get("tags", [])
+                 and 'device.type != "cuda"' in source(c)]
+    if gpu_cells:
+        assert nb["metadata"].get("accelerator") == "GPU"
+        assert nb["metadata"].get("colab", {}).get("gpuType") == "T4"
+
+
 def exercises(path):
     """(answer cell, check cell, solution code) for every exercise of a chapter."""
     all_cells = cells(path)
