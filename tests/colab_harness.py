@@ -14,6 +14,7 @@ variable SELFATTN_HARNESS_REPORT names a file, then after every cell it appends 
 tests/test_colab.py and tests/test_browser.py read the report; nothing here asserts.
 """
 
+import itertools
 import json
 import os
 import traceback
@@ -76,7 +77,7 @@ def _install(ip, report_path):
             control.index = 0
             record["controls"].append({
                 "name": control.description, "values": len(control.options),
-                "changes": sum(a != b and b is not None for a, b in zip(pictures, pictures[1:])),
+                "changes": sum(a != b and b is not None for a, b in itertools.pairwise(pictures)),
                 "back_to_first": shown() == first})
         for text in texts:
             good = text.value

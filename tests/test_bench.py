@@ -1,124 +1,9 @@
-"""The measuring helpers of selfattn.bench: FLOP counts, the exponent fit, contention, memory.
+"""The benchmarks of make bench, run tiny: their rows and ratios (times are make bench's job)."""
 
-No timing assertions: these machines are shared; make bench reports times, tests check the tools.
-"""
-
-import itertools
-import math
-
-import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 import selfattn
-from selfattn import bench
-
-
-def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
-
-
-@pytest.mark.parametrize(("L", "S", "E", "H", "B"), [(3, 5, 4, 1, 1), (16, 16, 8, 4, 2)])
-def test_attention_flops_match_pytorchs_counter(L, S, E, H, B):
-    q = torch.randn(B, H, L, E, requires_grad=True)
-    k = torch.randn(B, H, S, E, requires_grad=True)
-    v = torch.randn(B, H, S, E, requires_grad=True)
-    assert bench.attention_flops(L, S, E, H, B) == 2 * 2 * B * H * L * S * E
-    assert counted_flops(lambda: selfattn.scaled_dot_product_attention(q, k, v)) == \
-        bench.attention_flops(L, S, E, H, B)
-
-    def forward_backward():
-        out, _ = selfattn.scaled_dot_product_attention(q, k, v)
-        out.sum().backward()
-
-    assert counted_flops(forward_backward) == bench.attention_flops(L, S, E, H, B, backward=True)
-
-
-def test_mha_flops_match_pytorchs_counter():
-    B, T, d = 2, 12, 16
-    m = selfattn.MultiHeadAttention(d, 4)
-    x = torch.randn(B, T, d, requires_grad=True)
-    assert counted_flops(lambda: m(x, need_weights=True)) == bench.mha_flops(B, T, d)
-
-    def forward_backward():
-        out, _ = m(x, need_weights=True)
-        out.sum().backward()
-
-    assert counted_flops(forward_backward) == bench.mha_flops(B, T, d, backward=True)
-
-
-@pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
-def test_fit_exponent_recovers_a_power_law(p):
-    sizes = [128, 256, 512, 1024, 2048]
-    assert bench.fit_exponent(sizes, [3e-6 * n**p for n in sizes]) == pytest.approx(p)
-    noisy = [3e-6 * n**p * (1.1 if i % 2 else 0.9) for i, n in enumerate(sizes)]
-    assert bench.fit_exponent(sizes, noisy) == pytest.approx(p, abs=0.1)
-
-
-def test_fit_exponent_bad_input():
-    with pytest.raises(ValueError, match="at least two"):
-        bench.fit_exponent([1], [1.0])
-    with pytest.raises(ValueError, match="positive"):
-        bench.fit_exponent([1, 2], [0.0, 1.0])
-
-
-def test_peak_memory_counts_what_a_function_holds_at_once():
-    def two_buffers():
-        a = torch.ones(1000)  # 4,000 bytes
-        b = torch.ones(2000)  # 8,000 bytes, while a is alive
-        del a
-        c = torch.ones(500)  # a is gone: the peak stays 12,000
-        return b.sum() + c.sum()
-
-    assert 12_000 <= bench.peak_memory(two_buffers) < 12_000 + 64
-
-
-def test_peak_memory_of_explicit_attention_grows_with_t_squared_and_sdpa_does_not():
-    def peaks(T):
-        q = torch.randn(1, 4, T, 32)
-        with torch.no_grad():
-            explicit = bench.peak_memory(lambda: selfattn.scaled_dot_product_attention(q, q, q))
-            fused = bench.peak_memory(lambda: F.scaled_dot_product_attention(q, q, q))
-        return explicit, fused
-
-    (e1, f1), (e2, f2) = peaks(256), peaks(512)
-    assert e1 >= 4 * 256 * 256 * 4  # the (4, 256, 256) fp32 scores, softmaxed in place
-    assert 3.5 < e2 / e1 < 4.5  # the (T, T) matrices dominate: x4 when T doubles
-    assert f2 / f1 < 2.5  # no T x T matrix: about x2 (output and row statistics)
-
-
-def test_compare_discards_samples_taken_while_others_used_the_cpu(monkeypatch):
-    calls = {"a": 0, "b": 0}
-
-    def make(name):
-        def fn():
-            calls[name] += 1
-        return fn
-
-    # quiet machine: /proc/stat says nothing else ran
-    monkeypatch.setattr(bench, "_cpu_busy_seconds", lambda: 0.0)
-    quiet = bench.compare({"a": make("a"), "b": make("b")}, repeats=5, warmup=1,
-                          min_sample_s=0.001)
-    assert set(quiet) == {"a", "b"} and all(t.discarded == 0 for t in quiet.values())
-    assert all(len(t.samples) == 5 and t.median > 0 for t in quiet.values())
-    # busy machine: every reading is 10 CPU seconds later than the last
-    clock = itertools.count(0.0, 10.0)
-    monkeypatch.setattr(bench, "_cpu_busy_seconds", lambda: next(clock))
-    busy = bench.compare({"a": make("a")}, repeats=5, warmup=1, min_sample_s=0.001)
-    assert busy["a"].discarded == 5 and len(busy["a"].samples) == 5  # all kept, all flagged
-
-
-def test_compare_rotates_the_order_of_variants(monkeypatch):
-    monkeypatch.setattr(bench, "_cpu_busy_seconds", lambda: 0.0)
-    order = []
-    fns = {name: (lambda n=name: order.append(n)) for name in "abc"}
-    bench.compare(fns, repeats=3, warmup=0, min_sample_s=0.0)
-    timed = order[3:]  # after one calibration call each
-    assert timed == list("abc") + list("bca") + list("cab")
-    assert math.isfinite(bench.compare(fns, repeats=1, warmup=0)["a"].median)
+from selfattn import bench, fastpaths, measure
 
 
 def test_attention_benchmark_rows_and_their_ratios():
@@ -135,24 +20,35 @@ def test_attention_benchmark_rows_and_their_ratios():
         assert r["ms"] > 0 and r["gflops"] > 0
 
 
-def test_timing_waits_for_the_gpu_before_reading_the_clock(monkeypatch):
-    """On CUDA a call returns once its kernels are queued: every clock read must follow a sync.
-    This machine has no GPU, so CUDA is faked: each 'kernel' only finishes at the next sync."""
-    events = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
-    monkeypatch.setattr(bench, "_cpu_busy_seconds", lambda: 0.0)
+def test_decode_bytes_and_a_tiny_decode_benchmark():
+    mha = measure.decode_bytes(1024, 16, 16, context=16384)
+    mqa = measure.decode_bytes(1024, 16, 1, context=16384)
+    assert mha["cache"] == 2 * 16 * 16384 * 64 * 4 and mha["cache"] == 16 * mqa["cache"]
+    assert mha["weights"] == 4 * 1024 * 1024 * 4
+    rows = bench.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
+                                  repeats=2, warmup=1)
+    assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive"}
+    assert all(r["ms_per_token"] > 0 for r in rows)
+    assert "MQA naive" in bench.decode_table(rows)
 
-    def launch():
-        events.append("launch")
 
-    bench.median_time(launch, repeats=2, warmup=0)
-    bench.compare({"a": launch}, repeats=2, warmup=0, min_sample_s=0.0)
-    # between a launch and the next clock read there is always a sync
-    timed = "".join("L" if e == "launch" else "s" for e in events)
-    assert "LL" not in timed and timed.startswith("sL") and timed.endswith("Ls")
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # CUDA never used: no sync
-    events.clear()
-    bench.median_time(launch, repeats=2, warmup=0)
-    assert events == ["launch", "launch"]
+def test_the_naive_decode_step_copies_the_cache_and_computes_the_same():
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    cache_a, x = bench._decode_inputs(m, 9)
+    cache_b, _ = bench._decode_inputs(m, 9)
+    with torch.no_grad():
+        grouped = m(x, is_causal=True, kv_cache=cache_b)[0]
+        with fastpaths.disabled("grouped_heads"):
+            naive = m(x, is_causal=True, kv_cache=cache_a)[0]
+            copy_bytes = measure.peak_memory(lambda: m(x, is_causal=True, kv_cache=cache_a))
+        no_copy = measure.peak_memory(lambda: m(x, is_causal=True, kv_cache=cache_b))
+    torch.testing.assert_close(naive, grouped)
+    assert copy_bytes >= no_copy + 2 * 4 * 10 * 8 * 4  # keys and values of 10 tokens, 4 heads
+
+
+def test_a_tiny_fastpath_benchmark_has_a_row_per_path():
+    rows = bench.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8, d_model=16,
+                                    contexts=(16, 16))
+    assert sorted(r["fast path"] for r in rows) == sorted(fastpaths.ENABLED)
+    assert all(r["ms with"] > 0 and r["ms without"] > 0 and r["speed-up"] > 0 for r in rows)
+    assert all(fastpaths.ENABLED.values())  # switched back on

@@ -9,29 +9,14 @@ import selfattn
 F64 = torch.float64
 
 
-def copy_from_torch(ref: nn.MultiheadAttention, ours: selfattn.MultiHeadAttention) -> None:
-    """Copy nn.MultiheadAttention's weights into ours (it packs q, k, v when kdim == vdim == E)."""
-    E = ref.embed_dim
-    with torch.no_grad():
-        if ref._qkv_same_embed_dim:
-            wq, wk, wv = ref.in_proj_weight.split(E)
-        else:
-            wq, wk, wv = ref.q_proj_weight, ref.k_proj_weight, ref.v_proj_weight
-        bq, bk, bv = ref.in_proj_bias.split(E)
-        for lin, w, b in [(ours.q_proj, wq, bq), (ours.k_proj, wk, bk), (ours.v_proj, wv, bv),
-                          (ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)]:
-            lin.weight.copy_(w)
-            lin.bias.copy_(b)
-
-
 @pytest.mark.parametrize(("kdim", "vdim"), [(None, None), (12, 20)])
 @pytest.mark.parametrize("padding", [False, True])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights):
     d, h, B, L, S = 16, 4, 3, 5, 7
     ref = nn.MultiheadAttention(d, h, batch_first=True, kdim=kdim, vdim=vdim).double().eval()
-    ours = selfattn.MultiHeadAttention(d, h, kdim=kdim, vdim=vdim).double().eval()
-    copy_from_torch(ref, ours)
+    ours = selfattn.MultiHeadAttention.from_torch(ref).eval()
+    assert ours.q_proj.weight.dtype == F64
     q = torch.randn(B, L, d, dtype=F64)
     k = torch.randn(B, S, kdim or d, dtype=F64)
     v = torch.randn(B, S, vdim or d, dtype=F64)
@@ -54,8 +39,7 @@ def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights):
 def test_self_attention_defaults_and_causal_match_torch():
     d, h = 24, 3
     ref = nn.MultiheadAttention(d, h, batch_first=True).double()
-    ours = selfattn.MultiHeadAttention(d, h).double()
-    copy_from_torch(ref, ours)
+    ours = selfattn.MultiHeadAttention.from_torch(ref)
     x = torch.randn(2, 6, d, dtype=F64)
     causal_ignore = ~selfattn.causal_mask(6)  # torch's bool attn_mask: True = ignore
     expected, _ = ref(x, x, x, attn_mask=causal_ignore)
@@ -63,26 +47,37 @@ def test_self_attention_defaults_and_causal_match_torch():
     torch.testing.assert_close(ours(x, is_causal=True, need_weights=True)[0], expected)
 
 
-def mha_from_grouped(grouped: selfattn.MultiHeadAttention) -> selfattn.MultiHeadAttention:
-    """An MHA whose key/value heads are the grouped module's heads, repeated for every query head."""
-    cfg = grouped.config
-    mha = selfattn.MultiHeadAttention(cfg.d_model, cfg.n_heads).to(grouped.q_proj.weight.dtype)
-    hd, g = cfg.head_dim, cfg.group_size
+@pytest.mark.parametrize(("kdim", "vdim", "bias"), [(None, None, True), (12, 20, False)])
+def test_from_torch_and_to_torch_round_trip(kdim, vdim, bias):
+    ref = nn.MultiheadAttention(16, 4, batch_first=True, kdim=kdim, vdim=vdim, bias=bias).double()
+    ours = selfattn.MultiHeadAttention.from_torch(ref)
+    back = ours.to_torch()
+    q = torch.randn(2, 5, 16, dtype=F64)
+    k = torch.randn(2, 3, kdim or 16, dtype=F64)
+    v = torch.randn(2, 3, vdim or 16, dtype=F64)
+    torch.testing.assert_close(back(q, k, v)[0], ref(q, k, v)[0])
+    torch.testing.assert_close(ours(q, k, v)[0], ref(q, k, v)[0])
     with torch.no_grad():
-        mha.q_proj.load_state_dict(grouped.q_proj.state_dict())
-        mha.out_proj.load_state_dict(grouped.out_proj.state_dict())
-        for src, dst in [(grouped.k_proj, mha.k_proj), (grouped.v_proj, mha.v_proj)]:
-            w = src.weight.view(cfg.n_kv_heads, hd, -1).repeat_interleave(g, dim=0)  # (H, hd, d)
-            dst.weight.copy_(w.reshape(cfg.n_heads * hd, -1))
-            dst.bias.copy_(src.bias.view(cfg.n_kv_heads, hd).repeat_interleave(g, 0).flatten())
-    return mha
+        ref.out_proj.weight[0, 0] += 1.0  # a copy, not shared weights
+    assert not torch.allclose(ours(q, k, v)[0], ref(q, k, v)[0])
+
+
+def test_to_torch_refuses_what_pytorch_cannot_express():
+    for layer in [selfattn.MultiHeadAttention(16, 4, n_kv_heads=2),
+                  selfattn.MultiHeadAttention(16, 4, rope=True),
+                  selfattn.MultiHeadAttention(16, 4, out_dim=8)]:
+        with pytest.raises(ValueError, match=r"nn\.MultiheadAttention twin"):
+            layer.to_torch()
+    with pytest.raises(TypeError, match=r"nn\.MultiheadAttention"):
+        selfattn.MultiHeadAttention.from_torch(nn.Linear(4, 4))
 
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4, 8])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_grouped_query_attention_is_mha_with_shared_kv_heads(n_kv_heads, need_weights):
     grouped = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double()
-    mha = mha_from_grouped(grouped)
+    mha = selfattn.expand_kv_heads(grouped)
+    assert mha.config.n_kv_heads == 8
     x = torch.randn(2, 7, 32, dtype=F64)
     mask = torch.rand(2, 8, 7, 7) > 0.3  # per-head mask: exercises the mask regrouping
     mask[..., 0] = True
@@ -188,34 +183,3 @@ def test_head_dim_out_dim_and_config():
         m.config.n_heads = 2  # frozen
 
 
-@pytest.mark.parametrize(("n_kv_heads", "chunks", "context"), [(1, 2, 40), (1, 3, 37), (2, 4, 64)])
-def test_split_cache_decoding_equals_the_plain_kernel(monkeypatch, n_kv_heads, chunks, context):
-    # flash-decoding: the keys split into parts merged by log-sum-exp, forced on a short cache
-    from selfattn import multihead
-
-    torch.manual_seed(0)
-    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
-    x = torch.randn(1, context + 1, 32)
-    with torch.no_grad():
-        full, _ = m(x, is_causal=True)
-        monkeypatch.setattr(multihead, "_decode_chunks", lambda q, k: chunks)
-        calls = []
-        original = multihead._split_kv_attention
-        monkeypatch.setattr(multihead, "_split_kv_attention",
-                            lambda *a: calls.append(a[3]) or original(*a))
-        cache = selfattn.KVCache()
-        m(x[:, :context], is_causal=True, kv_cache=cache)
-        step, _ = m(x[:, context:], is_causal=True, kv_cache=cache)
-    assert calls == [chunks]  # the decoding step (the prefill has a causal mask: plain kernel)
-    torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
-
-
-def test_split_cache_decoding_is_chosen_only_where_it_helps():
-    from selfattn import multihead
-
-    long = torch.zeros(1, 1, multihead.SPLIT_KV_MIN_KEYS, 8)
-    threads = torch.get_num_threads()
-    assert multihead._decode_chunks(torch.zeros(1, 1, 16, 8), long) == threads  # MQA decode
-    assert multihead._decode_chunks(torch.zeros(1, 1, 16, 8), long[:, :, :100]) == 1  # short
-    assert multihead._decode_chunks(torch.zeros(2, 1, 16, 8), long.expand(2, -1, -1, -1)) == 1
-    assert multihead._decode_chunks(torch.zeros(1, 1, 512, 8), long) == 1  # a prefill

@@ -1,4 +1,4 @@
-"""Positional encodings: learned, RoPE and ALiBi (sinusoidal is tested in test_tagging.py)."""
+"""Positional encodings: sinusoidal, learned, RoPE and ALiBi."""
 
 import math
 
@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import selfattn
-from selfattn.positional import LearnedPositionalEmbedding, alibi_bias, alibi_slopes, apply_rope
+from selfattn.positional import (
+    LearnedPositionalEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    sinusoidal_encoding,
+)
 
 F64 = torch.float64
 
@@ -110,3 +116,14 @@ def test_rope_makes_self_attention_shift_invariant_but_not_order_blind():
     # reversing the tokens does not simply reverse the weights, as it would without positions
     _, w_rev = m(x.flip(1), need_weights=True)
     assert not torch.allclose(w_rev, w.flip(-1).flip(-2), atol=1e-3)
+
+
+def test_sinusoidal_encoding_matches_the_formula():
+    pe = sinusoidal_encoding(50, 16)
+    for pos in (0, 7, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle)).item(), abs=1e-5)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-5)
+    with pytest.raises(ValueError, match="even"):
+        sinusoidal_encoding(4, 7)

@@ -33,43 +33,36 @@ def ours():
     return pretrained.load()
 
 
-@pytest.fixture(scope="module")
-def reference():
-    from transformers import BertModel
-
-    model = BertModel.from_pretrained(pretrained.find_model_dir(), attn_implementation="eager")
-    return model.eval()
-
-
-def run_reference(reference, enc):
-    with torch.no_grad():
-        out = reference(input_ids=enc.input_ids, attention_mask=enc.mask.long(),
-                        output_hidden_states=True, output_attentions=True)
-    return torch.stack(out.hidden_states), torch.stack(out.attentions)
-
-
 @pytest.mark.parametrize("sentence", SENTENCES)
-def test_one_sentence_matches_bert(ours, reference, sentence):
+def test_one_sentence_matches_bert(ours, sentence):
     enc = ours.encode(sentence)
-    hidden, attentions = run_reference(reference, enc)
-    assert enc.hidden.shape == (7, 1, enc.input_ids.shape[1], 384)
-    assert enc.attentions.shape == (6, 1, 12, enc.input_ids.shape[1], enc.input_ids.shape[1])
-    assert (enc.hidden - hidden).abs().max() <= 1e-4
-    assert (enc.attentions - attentions).abs().max() <= 1e-5
+    T = enc.input_ids.shape[1]
+    assert enc.hidden.shape == (7, 1, T, 384) and enc.attentions.shape == (6, 1, 12, T, T)
     assert enc.tokens[0][0] == "[CLS]" and enc.tokens[0][-1] == "[SEP]"
+    gaps = pretrained.compare_with_transformers(ours, [sentence])
+    assert gaps["hidden"] <= 1e-4 and gaps["attention"] <= 1e-5
 
 
-def test_padded_batch_matches_bert_and_ignores_padding(ours, reference):
+def test_padded_batch_matches_bert_and_ignores_padding(ours):
     enc = ours.encode(SENTENCES)
     short = int(enc.mask[0].sum())
     assert short < enc.mask.shape[1]  # the first sentence is padded
-    hidden, attentions = run_reference(reference, enc)
-    real = enc.mask[None, :, :, None]  # compare the real tokens' hidden states
-    assert ((enc.hidden - hidden).abs() * real).max() <= 1e-4
-    assert (enc.attentions - attentions).abs().max() <= 1e-5
+    gaps = pretrained.compare_with_transformers(ours, SENTENCES)
+    assert gaps["hidden"] <= 1e-4 and gaps["attention"] <= 1e-5
     assert (enc.attentions[:, 0, :, :, short:] == 0).all()  # padded keys get no weight
     alone = ours.encode(SENTENCES[0])  # padding changes nothing for the real tokens
     torch.testing.assert_close(enc.hidden[:, :1, :short], alone.hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_the_comparison_sees_a_changed_weight(ours):
+    # the oracle must be able to fail: nudge one attention weight of ours
+    with torch.no_grad():
+        ours.model.layers[2].attn.q_proj.weight[0, 0] += 0.5
+        try:
+            gaps = pretrained.compare_with_transformers(ours, SENTENCES[:1])
+        finally:
+            ours.model.layers[2].attn.q_proj.weight[0, 0] -= 0.5
+    assert gaps["attention"] > 1e-3 and gaps["hidden"] > 1e-3
 
 
 def test_a_corrupted_file_is_refused(tmp_path):

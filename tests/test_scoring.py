@@ -79,6 +79,7 @@ def test_bad_input():
 @pytest.mark.parametrize("name", scoring.ScoredSelfAttention.SCORERS)
 def test_scored_self_attention_module(name):
     m = scoring.ScoredSelfAttention(8, name)
-    out, w = m(torch.randn(2, 5, 8))
-    assert out.shape == (2, 5, 8) and w.shape == (2, 5, 5)
-    torch.testing.assert_close(w.sum(-1), torch.ones(2, 5))
+    out, w = m(torch.randn(2, 5, 8), need_weights=True)
+    assert out.shape == (2, 5, 8) and w.shape == (2, 1, 5, 5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 5))
+    assert m(torch.randn(2, 5, 8))[1] is None

@@ -1,4 +1,4 @@
-"""The chapter-1 task, taggers and training loop."""
+"""The synthetic tasks, the taggers and the training loops (one model, or several seeds)."""
 
 import itertools
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from selfattn import data, models, train
-from selfattn.positional import sinusoidal_encoding
 
 
 def test_labels_match_an_independent_rule():
@@ -109,17 +108,6 @@ def test_accuracy_by_distance_and_bad_length():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_sinusoidal_encoding_matches_the_formula():
-    pe = sinusoidal_encoding(50, 16)
-    for pos in (0, 7, 49):
-        for i in range(8):
-            angle = pos / 10000 ** (2 * i / 16)
-            assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle)).item(), abs=1e-5)
-            assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-5)
-    with pytest.raises(ValueError, match="even"):
-        sinusoidal_encoding(4, 7)
-
-
 def test_neighbour_task_tags_are_the_two_neighbours():
     d = data.neighbour_task(50, seq_len=7, vocab_size=4, seed=0)
     assert d.n_tags == 25 and d.tokens.shape == d.tags.shape == (50, 7)
@@ -131,32 +119,6 @@ def test_neighbour_task_tags_are_the_two_neighbours():
             assert d.tags[i, t] == left * 5 + right
     with pytest.raises(ValueError, match="seq_len"):
         data.neighbour_task(5, seq_len=1)
-
-
-def test_decode_bytes_and_a_tiny_decode_benchmark():
-    from selfattn import bench
-
-    mha = bench.decode_bytes(1024, 16, 16, context=16384)
-    mqa = bench.decode_bytes(1024, 16, 1, context=16384)
-    assert mha["cache"] == 2 * 16 * 16384 * 64 * 4 and mha["cache"] == 16 * mqa["cache"]
-    assert mha["weights"] == 4 * 1024 * 1024 * 4
-    rows = bench.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
-                                  repeats=2, warmup=1)
-    assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive"}
-    assert all(r["ms_per_token"] > 0 for r in rows)
-    assert "MQA naive" in bench.decode_table(rows)
-
-
-def test_naive_decode_step_equals_the_grouped_one():
-    import selfattn
-    from selfattn import bench
-
-    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).eval()
-    cache_a, x = bench._decode_inputs(m, 9)
-    cache_b, _ = bench._decode_inputs(m, 9)
-    with torch.no_grad():
-        torch.testing.assert_close(bench.naive_decode_step(m, x, cache_a),
-                                   m(x, is_causal=True, kv_cache=cache_b)[0])
 
 
 def test_recent_cue_tags_follow_an_independent_rule():

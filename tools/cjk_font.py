@@ -53,7 +53,7 @@ def _ranges(points: set[int]) -> str:
     """CSS unicode-range for a set of code points, consecutive runs merged."""
     runs, ordered = [], sorted(points)
     start = prev = ordered[0]
-    for p in ordered[1:] + [None]:
+    for p in [*ordered[1:], None]:
         if p is not None and p == prev + 1:
             prev = p
             continue

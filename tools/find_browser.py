@@ -68,7 +68,8 @@ def _run(cmd: list[str], timeout: int) -> bool:
 def install() -> None:
     """Try Debian's package (as root), then Playwright's installer; quietly give up otherwise."""
     if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        if _run(["apt-get", "update", "-qq"], timeout=300) and _run(["apt-get", "install", "-y", "-qq", "chromium"], timeout=900):
+        updated = _run(["apt-get", "update", "-qq"], timeout=300)
+        if updated and _run(["apt-get", "install", "-y", "-qq", "chromium"], timeout=900):
             return
     if shutil.which("npx"):
         _run(["npx", "--yes", "playwright", "install", "chromium"], timeout=900)

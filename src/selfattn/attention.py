@@ -2,9 +2,14 @@ r"""Scaled dot-product attention, written out step by step, returning its weight
 
 $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}} + M\right) V$$
 
-(Vaswani et al. 2017, "Attention Is All You Need", §3.2.1.) Same arguments and semantics as
-``torch.nn.functional.scaled_dot_product_attention``, so the two can be compared directly; ours
-also returns the attention weights, which PyTorch's fused kernels never materialise.
+(Vaswani et al. 2017, "Attention Is All You Need", §3.2.1.) The same arguments, in the same
+order and with the same meaning, as ``torch.nn.functional.scaled_dot_product_attention``, so the
+two can be compared call for call; ours also returns the attention weights, which PyTorch's fused
+kernels never materialise.
+
+:func:`scaled_dot_product_attention` checks its inputs and calls :func:`attend`, the computation
+itself; code that has checked its inputs already (``MultiHeadAttention``) calls :func:`attend`.
+The faster variants the library also uses live in :mod:`selfattn.fastpaths`.
 """
 
 from __future__ import annotations
@@ -15,69 +20,62 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_dropout, check_mask, check_same_dtype_device, check_tensor
+from .checks import check_attention_inputs
 from .masks import causal_mask
 
 
 def masked_softmax(
     scores: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
 ) -> Tensor:
-    r"""Softmax over the last dimension of ``scores`` (..., L, S), at least in float32, after masking.
+    r"""Softmax over the last dimension of ``scores`` (..., L, S), after masking.
 
     $$A_{ij} = \frac{\exp(s_{ij} + m_{ij})}{\sum_{j'} \exp(s_{ij'} + m_{ij'})}$$
 
-    ``attn_mask`` is bool (True = may attend) or float (added to the scores); ``is_causal`` adds
-    the top-left aligned lower-triangular mask. A row whose every key is masked gets **zero**
-    weights (a plain softmax would give 0/0 = NaN there), as PyTorch's SDPA does. The softmax runs
-    in float32 for fp16/bf16 scores (float64 stays float64), so half-precision scores neither
-    overflow nor lose the small weights; the result is in that softmax dtype.
+    ``attn_mask`` is bool (True = may attend) or float (added to the scores; ``-inf`` blocks a
+    key); ``is_causal`` also blocks key ``j > i`` for query ``i`` (top-left aligned, as in
+    PyTorch). A row whose every key is blocked gets **zero** weights (a plain softmax would give
+    0/0 = NaN there, in the forward pass and in the gradient), as PyTorch's SDPA does. The
+    softmax runs in float32 for float16/bfloat16 scores (float64 stays float64), so
+    half-precision scores neither overflow nor lose their small weights; the result is in that
+    softmax dtype.
     """
-    return _masked_softmax(scores, attn_mask, is_causal, owned=False)
-
-
-def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool, owned: bool
-                    ) -> Tensor:
-    """:func:`masked_softmax`; ``owned``: ``scores`` is a temporary the caller will not read
-    again, so the mask is applied in place (one pass and one (L, S) allocation fewer)."""
-    L, S = scores.shape[-2:]
     keep = None  # bool, broadcastable to scores: where a query may attend
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            keep = attn_mask
-        else:  # additive: its -inf entries become a bool mask, so no NaN reaches the gradient
-            blocked = attn_mask == float("-inf")
-            bias = attn_mask
-            if bool(blocked.any()):
-                keep, bias = ~blocked, attn_mask.masked_fill(blocked, 0.0)
-            if (owned and bias.dtype == scores.dtype
-                    and torch.broadcast_shapes(bias.shape, scores.shape) == scores.shape):
-                scores = scores.add_(bias)
-            else:
-                scores = scores + bias
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask  # (..., L, S): a bias, and -inf where a key is blocked
+        keep = attn_mask != float("-inf")
     if is_causal:
-        tri = causal_mask(L, S, device=scores.device)  # (L, S)
-        keep = tri if keep is None else keep & tri
-    if keep is not None:
-        if owned and torch.broadcast_shapes(keep.shape, scores.shape) == scores.shape:
-            scores = scores.masked_fill_(~keep, float("-inf"))
-        else:
-            scores = scores.masked_fill(~keep, float("-inf"))
+        causal = causal_mask(*scores.shape[-2:], device=scores.device)  # (L, S)
+        keep = causal if keep is None else keep & causal
     dtype = torch.promote_types(scores.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
-    inplace = (owned and scores.dtype == dtype and scores.device.type == "cpu"
-               and not (torch.is_grad_enabled() and scores.requires_grad))
-    if inplace:
-        # inference: overwrite the scores with their softmax. A fresh (L, S) buffer costs more
-        # than the softmax itself on a CPU (page faults): 48 vs 15 ms for (64, 512, 512) here
-        weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # (..., L, S)
-    else:
-        weights = torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
+    if keep is None:
+        return torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
+    dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(dead, 0.0)
+    weights = torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
+    return weights.masked_fill(dead, 0.0)  # "attend to nothing": zeros, not NaN
 
-    # Rows with no key left: softmax gave NaN there; the answer we want is "attend to nothing".
-    if keep is not None:
-        dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1), the mask's own (small) shape
-        if bool(dead.any()):
-            weights = weights.masked_fill_(dead, 0.0) if inplace else weights.masked_fill(dead, 0.0)
-    return weights
+
+def attend(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The computation of :func:`scaled_dot_product_attention`, without checking its inputs."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    # The scale goes on q (L x E numbers, fewer than the L x S scores), and half-precision
+    # inputs are multiplied in float32: a float16 product of large entries can overflow.
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
+    weights = masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    return weights @ value, weights  # (..., L, Ev), (..., L, S)
 
 
 def scaled_dot_product_attention(
@@ -85,9 +83,10 @@ def scaled_dot_product_attention(
     key: Tensor,
     value: Tensor,
     attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""The explicit computation of $\operatorname{softmax}(QK^\top \cdot \text{scale} + M)\,V$.
 
@@ -97,51 +96,17 @@ def scaled_dot_product_attention(
         value: ``(..., S, Ev)``. The leading (batch, head) dimensions of the three must broadcast.
         attn_mask: bool (``True`` = may attend) or float (added to the scores), broadcastable to
             ``(..., L, S)``. Float masks holding only 0 and 1 are refused: they mask nothing.
+        dropout_p: dropout on the weights, applied whenever it is > 0 (as in PyTorch's function;
+            modules pass 0 in eval mode).
         is_causal: also mask key ``j > i`` for query ``i`` (top-left aligned, as in PyTorch).
             ANDed with ``attn_mask`` if both are given (PyTorch's fused CPU kernel does the
             same; its math backend refuses the pair).
         scale: multiplies the scores; default $1/\sqrt{E}$ (Vaswani et al. 2017, §3.2.1).
-        dropout_p: dropout on the weights, applied whenever it is > 0 (as in PyTorch's function;
-            modules pass 0 in eval mode).
+            Keyword only, as in PyTorch.
 
     Returns:
         ``(output, weights)``: output ``(..., L, Ev)`` in the inputs' dtype, and the weights
         ``(..., L, S)`` (after dropout), rows summing to 1, or to 0 where every key is masked.
     """
-    check_tensor(query, "query", min_rank=2)
-    check_tensor(key, "key", min_rank=2)
-    check_tensor(value, "value", min_rank=2)
-    check_same_dtype_device(query=query, key=key, value=value)
-    L, E = query.shape[-2:]
-    S, E_k = key.shape[-2:]
-    if E_k != E:
-        raise ValueError(
-            f"query and key must have the same last dimension E, got query {tuple(query.shape)} "
-            f"and key {tuple(key.shape)}"
-        )
-    if value.shape[-2] != S:
-        raise ValueError(
-            f"key and value must have the same sequence length S (dim -2), got key "
-            f"{tuple(key.shape)} and value {tuple(value.shape)}"
-        )
-    try:
-        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch, head) dimensions of query {tuple(query.shape)}, key "
-            f"{tuple(key.shape)} and value {tuple(value.shape)} do not broadcast"
-        ) from None
-    if attn_mask is not None:
-        check_mask(attn_mask, (*batch, L, S))
-    dropout_p = check_dropout(dropout_p)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E)
-
-    # Scaling q (L x E numbers) is cheaper than scaling the scores (L x S numbers).
-    scores = (query * scale) @ key.transpose(-2, -1)  # (..., L, S)
-    weights = _masked_softmax(scores, attn_mask, is_causal, owned=True)  # (..., L, S), fp32/fp64
-    weights = weights.to(value.dtype)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p, training=True)
-    output = weights @ value  # (..., L, Ev)
-    return output, weights
+    dropout_p = check_attention_inputs(query, key, value, attn_mask, dropout_p)
+    return attend(query, key, value, attn_mask, dropout_p, is_causal, scale)

@@ -1,231 +1,37 @@
-r"""Measuring tools and the benchmarks behind chapters 7 and 9 (``make bench``).
+r"""``make bench``: every benchmark of chapters 7 and 9, measured side by side in one run.
 
-How we time, on machines that other people share: every variant is warmed up first; then in each
-round every variant runs once, in an order rotated by one each round, so a slow moment hits all of
-them; a sample during which other processes used the CPU (read from ``/proc/stat`` before and
-after) is discarded; the median of the rest is reported. Ratios are only ever taken between
-variants measured side by side in the same run.
-
-FLOPs are dense counts: attention does $4 L S d$ per head forward ($QK^\top$ and $AV$, each
-$2LSd$), and backward twice that.
+The measuring tools are in :mod:`selfattn.measure`, the article-style baselines in
+:mod:`selfattn.baselines`. Each benchmark returns rows (dicts) that the chapters print and plot;
+:func:`main` prints them all at full size with the library's targets checked as ratios of times
+measured in the same run, and writes CSV files and a PNG.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import time
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.nn.functional as F
+from torch import nn
 
-
-def synchronize() -> None:
-    """Wait for the GPU's queued work, if CUDA is in use: a GPU runs asynchronously, so a clock
-    read right after a call would time only the launch of its kernels."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls (CUDA synchronized)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        fn()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _cpu_busy_seconds() -> float | None:
-    """CPU seconds every process on the machine has spent busy since boot (``/proc/stat``)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None  # not Linux: no contention check
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Timing:
-    """The samples of one variant: seconds per call, and how many were discarded."""
-
-    samples: list[float] = field(default_factory=list)
-    discarded: int = 0
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-
-def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2,
-            min_sample_s: float = 0.1, max_others: float = 0.25) -> dict[str, Timing]:
-    """Time several variants side by side; seconds per call of each.
-
-    Each sample repeats the call enough times to last ``min_sample_s`` (the kernel counts CPU time
-    in 10 ms ticks). A sample is discarded when other processes used more than ``max_others``
-    of its wall time in CPU time (plus two ticks of slack); if fewer than three samples of a
-    variant survive, all of them are kept (``discarded`` then says how many were contended).
-    """
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    inner = {}
-    for name in names:  # calls per sample, from one timed call
-        synchronize()
-        start = time.perf_counter()
-        fns[name]()
-        synchronize()
-        inner[name] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-9)))
-    tick = 2 / os.sysconf("SC_CLK_TCK")
-    kept: dict[str, Timing] = {name: Timing() for name in names}
-    contended: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            fn, n = fns[name], inner[name]
-            synchronize()
-            busy0, own0, start = _cpu_busy_seconds(), time.process_time(), time.perf_counter()
-            for _ in range(n):
-                fn()
-            synchronize()
-            wall = time.perf_counter() - start
-            busy1, own1 = _cpu_busy_seconds(), time.process_time()
-            others = 0.0 if busy0 is None else (busy1 - busy0) - (own1 - own0)
-            (contended[name] if others > max_others * wall + tick else kept[name].samples
-             ).append(wall / n)
-    for name in names:
-        kept[name].discarded = len(contended[name])
-        if len(kept[name].samples) < 3:
-            kept[name].samples += contended[name]
-    return kept
-
-
-def attention_flops(L: int, S: int, head_dim: int, n_heads: int = 1, batch: int = 1,
-                    backward: bool = False) -> int:
-    r"""Dense multiply-add FLOPs of attention: $QK^\top$ and $AV$ are $2LSd$ each per head;
-    backward computes four products of the same size (dQ, dK, dV and the scores' gradient)."""
-    forward = 4 * batch * n_heads * L * S * head_dim
-    return 3 * forward if backward else forward
-
-
-def mha_flops(batch: int, T: int, d_model: int, backward: bool = False) -> int:
-    r"""Dense FLOPs of a multi-head self-attention layer: four ``d_model x d_model`` projections
-    ($8 B T d^2$) plus attention over all heads ($4 B T^2 d$); backward doubles each."""
-    forward = 8 * batch * T * d_model * d_model + attention_flops(T, T, d_model, 1, batch)
-    return 3 * forward if backward else forward
-
-
-def fit_exponent(sizes: list[float], times: list[float]) -> float:
-    r"""The slope $p$ of the least-squares line through $(\log n, \log t)$: $t \propto n^p$."""
-    if len(sizes) != len(times) or len(sizes) < 2:
-        raise ValueError(f"need at least two (size, time) pairs, got {len(sizes)} sizes and "
-                         f"{len(times)} times")
-    if min(sizes) <= 0 or min(times) <= 0:
-        raise ValueError("sizes and times must be positive to take logarithms")
-    x = [math.log(n) for n in sizes]
-    y = [math.log(t) for t in times]
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
-
-
-class _LiveBytes(TorchDispatchMode):
-    """Counts the bytes of every storage that torch operations create while the mode is on,
-    freeing them when the last tensor using a storage is gone; keeps the peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.users: dict[int, list] = {}  # storage pointer -> [tensors alive, bytes]
-
-    def _release(self, key: int) -> None:
-        entry = self.users[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.live -= entry[1]
-            del self.users[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, Tensor) and t.device.type != "meta":
-                key = t.untyped_storage().data_ptr()
-                if key not in self.users:
-                    self.users[key] = [0, t.untyped_storage().nbytes()]
-                    self.live += self.users[key][1]
-                    self.peak = max(self.peak, self.live)
-                self.users[key][0] += 1
-                weakref.finalize(t, self._release, key)
-        return out
-
-
-def peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes of tensor storage that ``fn()`` holds at once, beyond what existed before.
-
-    Every tensor created through torch's dispatcher is counted while alive (a
-    ``TorchDispatchMode``); buffers a fused kernel allocates and frees internally are not, which
-    is the point of fusing. Run it under ``torch.no_grad()``: autograd's saved tensors outlive
-    the Python objects this counts.
-    """
-    mode = _LiveBytes()
-    with mode:
-        result = fn()
-    del result
-    return mode.peak
-
-
-def influence(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
-    """Bool ``(T,)``: which input positions of ``x`` (B, T, d) change output position ``t``.
-
-    Measured with autograd: position ``j`` counts when the gradient of output ``t`` with respect
-    to input ``j`` is not zero. This is a layer's receptive field, seen from position ``t``.
-    """
-    x = x.detach().requires_grad_(True)
-    out = layer(x)  # (B, T, d_out)
-    (grad,) = torch.autograd.grad(out[:, t].sum(), x)
-    return grad.abs().sum(dim=(0, 2)) > 0  # (T,)
+from . import fastpaths
+from .attention import scaled_dot_product_attention
+from .baselines import EinopsSelfAttention, einsum_attention
+from .measure import attention_flops, compare, fit_exponent, mha_flops, peak_memory, synchronize
+from .multihead import KVCache, MultiHeadAttention
 
 
 def _decode_inputs(model, context: int, seed: int = 0):
     """A KV cache already holding ``context`` random tokens, and one new token to decode."""
-    from .multihead import KVCache  # bench depends on the math, never the reverse
-
     cfg = model.config
     p = next(model.parameters())
     g = torch.Generator().manual_seed(seed)
-    cache = KVCache(capacity=context + 64)
+    cache = KVCache(capacity=context + 8192)  # room for every timed step
     k = torch.randn(1, cfg.n_kv_heads, context, cfg.head_dim, generator=g).to(p)
     cache.append(k, k.clone())
     x = torch.randn(1, 1, cfg.d_model, generator=g).to(p)
     return cache, x
-
-
-def naive_decode_step(model, x: Tensor, cache) -> Tensor:
-    """One decoding step that copies each key/value head ``n_heads / n_kv_heads`` times
-    (``repeat_interleave``), as most first implementations of GQA/MQA do."""
-    import torch.nn.functional as F
-
-    cfg = model.config
-    B, L, _ = x.shape
-    q = model.q_proj(x).view(B, L, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, H, 1, hd)
-    k = model.k_proj(x).view(B, L, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, 1, hd)
-    v = model.v_proj(x).view(B, L, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    k, v = cache.append(k, v)  # (B, Hkv, S, hd)
-    k = k.repeat_interleave(cfg.group_size, dim=1)  # (B, H, S, hd): a full copy per step
-    v = v.repeat_interleave(cfg.group_size, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, hd)
-    return model.out_proj(out.transpose(1, 2).reshape(B, L, -1))  # (B, 1, d_model)
 
 
 def decode_benchmark(
@@ -245,8 +51,6 @@ def decode_benchmark(
     rotated order in each repeat, so a slow moment of a shared machine hits all of them; the
     first ``warmup`` repeats are dropped; each row gives the median time per token in ms.
     """
-    from .multihead import MultiHeadAttention
-
     torch.manual_seed(seed)
     models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).eval()
               for kv in kv_heads}
@@ -266,7 +70,8 @@ def decode_benchmark(
                     synchronize()
                     start = time.perf_counter()
                     if is_naive:
-                        naive_decode_step(models[kv], x, cache)
+                        with fastpaths.disabled("grouped_heads"):
+                            models[kv](x, is_causal=True, kv_cache=cache)
                     else:
                         models[kv](x, is_causal=True, kv_cache=cache)
                     synchronize()
@@ -292,39 +97,6 @@ def decode_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def decode_bytes(d_model: int, n_heads: int, n_kv_heads: int, context: int,
-                 head_dim: int | None = None, itemsize: int = 4) -> dict[str, int]:
-    """Bytes one decoding step must read: the projections' weights and the KV cache."""
-    hd = head_dim or d_model // n_heads
-    weights = (d_model * n_heads * hd * 2 + d_model * n_kv_heads * hd * 2) * itemsize
-    cache = 2 * n_kv_heads * context * hd * itemsize
-    return {"weights": weights, "cache": cache, "total": weights + cache}
-
-
-def _einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Attention in einsum notation, the second article's style: ``(B, H, T, hd)`` in and out."""
-    scores = torch.einsum("bhld,bhsd->bhls", q * q.shape[-1] ** -0.5, k)  # (B, H, L, S)
-    return torch.einsum("bhls,bhsd->bhld", torch.softmax(scores, dim=-1), v)  # (B, H, L, hd)
-
-
-class EinopsSelfAttention(torch.nn.Module):
-    """The second article's class with its bugs fixed (chapter 8): einops ``rearrange`` to split
-    and merge heads, einsum for the products, full-width projections."""
-
-    def __init__(self, d_model: int, n_heads: int) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
-            torch.nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, x: Tensor) -> Tensor:
-        from einops import rearrange
-
-        q, k, v = (rearrange(p(x), "b n (h d) -> b h n d", h=self.n_heads)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))  # (B, H, T, hd) each
-        return self.out_proj(rearrange(_einsum_attention(q, k, v), "b h n d -> b n (h d)"))
-
-
 def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_heads: int = 8,
                         repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0) -> list[dict]:
     """Forward, forward+backward and causal inference times of every variant, side by side.
@@ -334,12 +106,6 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
     ``vs_sdpa`` (time / F.sdpa's time in the same mode) and ``vs_reference`` (core rows vs
     F.sdpa, layer rows vs ``nn.MultiheadAttention(need_weights=False)``).
     """
-    import torch.nn.functional as F
-    from torch import nn
-
-    from .attention import scaled_dot_product_attention
-    from .multihead import MultiHeadAttention
-
     torch.manual_seed(seed)
     hd = d_model // n_heads
     q, k, v = (torch.randn(batch, n_heads, T, hd, requires_grad=True) for _ in range(3))
@@ -350,12 +116,12 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
     core = {
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
         "selfattn.scaled_dot_product_attention": lambda: scaled_dot_product_attention(q, k, v)[0],
-        "einsum attention": lambda: _einsum_attention(q, k, v),
+        "einsum attention": lambda: einsum_attention(q, k, v),
     }
     layer = {
         "MultiHeadAttention, fast path": lambda: ours(x)[0],
         "MultiHeadAttention, weights": lambda: ours(x, need_weights=True)[0],
-        "einops + einsum layer": lambda: einops_layer(x),
+        "einops + einsum layer": lambda: einops_layer(x, x, x),
         "nn.MultiheadAttention(need_weights=False)": lambda: theirs(x, x, x, need_weights=False)[0],
         "nn.MultiheadAttention(need_weights=True)":
             lambda: theirs(x, x, x, need_weights=True, average_attn_weights=False)[0],
@@ -417,10 +183,6 @@ def scaling_benchmark(lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 409
                       min_sample_s: float = 0.1) -> list[dict]:
     """Forward time (no grad) and peak memory of the explicit path and of PyTorch's SDPA against
     sequence length, batch 1."""
-    import torch.nn.functional as F
-
-    from .attention import scaled_dot_product_attention
-
     variants = {"explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
                 "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
     rows = []
@@ -432,6 +194,44 @@ def scaling_benchmark(lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 409
             for name, call in calls.items():
                 rows.append({"T": T, "variant": name, "ms": 1e3 * times[name].median,
                              "peak_mb": peak_memory(call) / 2**20})
+    return rows
+
+
+def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,
+                       batch: int = 8, T: int = 512, d_model: int = 512,
+                       contexts: tuple[int, int] = (8192, 16384)) -> list[dict]:
+    """Each of :mod:`selfattn.fastpaths`' paths, timed with it and without it, side by side, on
+    the call it exists for (no grad): a layer's forward with the weights over ``batch x T``
+    tokens (in-place softmax), and one decoding step of GQA-4 and of MQA
+    after ``contexts`` cached tokens (grouped heads, split cache). Rows give both times and the
+    speed-up the path brings."""
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(d_model, 8).eval()
+    x = torch.randn(batch, T, d_model)
+    gqa = MultiHeadAttention(1024, 16, n_kv_heads=4, bias=False).eval()
+    mqa = MultiHeadAttention(1024, 16, n_kv_heads=1, bias=False).eval()
+    gqa_cache, gqa_x = _decode_inputs(gqa, contexts[0], seed)
+    mqa_cache, mqa_x = _decode_inputs(mqa, contexts[1], seed)
+    cases = {
+        "inplace_softmax": (f"layer forward with weights, {batch} x {T} tokens",
+                            lambda: layer(x, need_weights=True)),
+        "grouped_heads": (f"GQA-4 decoding after {contexts[0]:,} tokens",
+                          lambda: gqa(gqa_x, is_causal=True, kv_cache=gqa_cache)),
+        "split_kv": (f"MQA decoding after {contexts[1]:,} tokens",
+                     lambda: mqa(mqa_x, is_causal=True, kv_cache=mqa_cache)),
+    }
+    rows = []
+    with torch.no_grad():
+        for path, (call, fn) in cases.items():
+            def without(fn=fn, path=path):
+                with fastpaths.disabled(path):
+                    return fn()
+
+            times = compare({"with": fn, "without": without}, repeats, min_sample_s=min_sample_s)
+            rows.append({"fast path": path, "measured on": call,
+                         "ms with": 1e3 * times["with"].median,
+                         "ms without": 1e3 * times["without"].median,
+                         "speed-up": times["without"].median / times["with"].median})
     return rows
 
 
@@ -494,6 +294,14 @@ def main(out_dir: str = "_build/bench") -> None:
     print(f"  {'best forward GFLOP/s / matmul ceiling':52s} {best / ceiling:5.2f}  target >= 0.85  "
           f"{'met' if best / ceiling >= 0.85 else 'MISSED'}\n")
 
+    print("fast paths (selfattn.fastpaths): the same call with the path and without it, no grad")
+    fast = fastpath_benchmark()
+    for r in fast:
+        print(f"  {r['fast path']:16s} {r['measured on']:40s} {r['ms with']:8.2f} ms with, "
+              f"{r['ms without']:8.2f} ms without: {r['speed-up']:4.2f}x  target >= 1.05  "
+              f"{'met' if r['speed-up'] >= 1.05 else 'MISSED'}")
+    print()
+
     scaling = scaling_benchmark()
     print("explicit path vs SDPA against sequence length (batch 1, 8 heads of 64, no grad)")
     _print_table(scaling, ["variant", "T", "ms", "peak_mb"], {"ms": ".2f", "peak_mb": ".1f"})
@@ -520,13 +328,14 @@ def main(out_dir: str = "_build/bench") -> None:
         ratio = step[(context, a)] / step[(context, b)]
         print(f"  {label:52s} {ratio:5.2f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
 
-    for name, table in [("attention", rows), ("scaling", scaling), ("decode", decode)]:
+    for name, table in [("attention", rows), ("fastpaths", fast), ("scaling", scaling),
+                        ("decode", decode)]:
         with open(out / f"{name}.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(table[0]))
             writer.writeheader()
             writer.writerows(table)
     _plot(rows, scaling, ceiling, out / "bench.png")
-    print(f"\nwrote {out}/attention.csv, scaling.csv, decode.csv and bench.png")
+    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, decode.csv and bench.png")
 
 
 def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:

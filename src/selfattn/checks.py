@@ -1,7 +1,8 @@
 """Input checks shared by every public function.
 
-Rule 8 of the house: bad input gets a clear ``ValueError`` or ``TypeError`` early, naming the
-argument and the shapes seen, never a deep ``RuntimeError`` from inside torch.
+Bad input gets a clear ``ValueError`` or ``TypeError`` early, naming the argument and the shapes
+seen, never a deep ``RuntimeError`` from inside torch. Public functions check once, at the
+boundary; the code they call does not check again.
 """
 
 from __future__ import annotations
@@ -90,3 +91,38 @@ def check_positive_int(value: object, name: str) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
+
+
+def check_attention_inputs(query: object, key: object, value: object, attn_mask: object,
+                           dropout_p: object) -> float:
+    """Check the arguments of scaled dot-product attention; return ``dropout_p`` as a float.
+
+    ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev): floating point, one dtype
+    and device, leading dimensions that broadcast; ``attn_mask`` broadcastable to (..., L, S).
+    """
+    check_tensor(query, "query", min_rank=2)
+    check_tensor(key, "key", min_rank=2)
+    check_tensor(value, "value", min_rank=2)
+    check_same_dtype_device(query=query, key=key, value=value)
+    L, E = query.shape[-2:]
+    S, E_k = key.shape[-2:]
+    if E_k != E:
+        raise ValueError(
+            f"query and key must have the same last dimension E, got query {tuple(query.shape)} "
+            f"and key {tuple(key.shape)}"
+        )
+    if value.shape[-2] != S:
+        raise ValueError(
+            f"key and value must have the same sequence length S (dim -2), got key "
+            f"{tuple(key.shape)} and value {tuple(value.shape)}"
+        )
+    try:
+        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch, head) dimensions of query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)} and value {tuple(value.shape)} do not broadcast"
+        ) from None
+    if attn_mask is not None:
+        check_mask(attn_mask, (*batch, L, S))
+    return check_dropout(dropout_p)

@@ -60,7 +60,6 @@ class CNNTagger(nn.Module):
         self.convs = nn.ModuleList(nn.Conv1d(d, d, kernel, padding=kernel // 2)
                                    for _ in range(check_positive_int(n_layers, "n_layers")))
         self.out = nn.Linear(d, n_tags)
-        self.reach = n_layers * (kernel // 2)
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = self.embed(tokens).transpose(1, 2)  # (B, d, T): channels first for Conv1d
@@ -110,8 +109,6 @@ class AttentionTagger(nn.Module):
         if scorer is not None and positions in ("rope", "alibi"):
             raise ValueError(f"positions={positions!r} needs the multi-head layer; "
                              f"a scorer ({scorer!r}) takes 'none', 'sinusoidal' or 'learned'")
-        if scorer is not None and causal:
-            raise ValueError("causal=True needs the multi-head layer, not a scorer")
         self.positions, self.causal, self.max_len = positions, causal, max_len
         self.embed = nn.Embedding(vocab_size, d)
         if positions == "sinusoidal":
@@ -125,7 +122,7 @@ class AttentionTagger(nn.Module):
             self.attn = ScoredSelfAttention(d, scorer)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
 
-    def forward(self, tokens: Tensor, need_weights: bool = False):
+    def forward(self, tokens: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``."""
         T = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
@@ -135,14 +132,10 @@ class AttentionTagger(nn.Module):
             x = x + self.pe[:T]
         elif self.positions == "learned":
             x = x + self.learned(T)  # raises beyond max_len
-        if isinstance(self.attn, MultiHeadAttention):
-            bias = None
-            if self.positions == "alibi":
-                bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
-            a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
-                                   need_weights=need_weights)  # (B, T, d), (B, H, T, T)
-        else:
-            a, weights = self.attn(x)  # (B, T, d), (B, T, T)
-            weights = weights.unsqueeze(1)  # (B, 1, T, T): one head
+        bias = None
+        if self.positions == "alibi":
+            bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+        a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
+                               need_weights=need_weights)  # (B, T, d), (B, H, T, T)
         logits = self.mlp(x + a)  # (B, T, n_tags)
         return (logits, weights) if need_weights else logits

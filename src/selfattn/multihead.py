@@ -9,9 +9,10 @@ $$\operatorname{MultiHead}(Q, K, V) = \operatorname{Concat}(\text{head}_1, \dots
 * GQA (Ainslie et al. 2023, §2): ``n_kv_heads`` groups; query head $i$ uses key/value head
   $g(i) = \lfloor i / (h / h_{kv}) \rfloor$ (the ``repeat_interleave`` order).
 
-The query heads that share a key/value head are stacked along the sequence axis, so each group
-attends to its keys in one matmul and the keys are never copied ``h / h_kv`` times. During decoding
-that copy would cost as much memory traffic as MHA's whole cache, and MQA would lose its point.
+``forward`` reads as the computation: project, split heads, rotate (RoPE), cache, mask, attend,
+merge heads. Where the library computes a step faster (no copies of grouped key/value heads, an
+in-place softmax, a split cache), :mod:`selfattn.fastpaths` does it, tested equal to the plain
+way.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import scaled_dot_product_attention
+from . import fastpaths
 from .checks import check_dropout, check_mask, check_positive_int, check_tensor
+from .heads import merge_heads, repeat_kv, split_heads
 from .masks import causal_mask
 from .positional import apply_rope
 
@@ -132,61 +133,6 @@ class KVCache:
         return per_token * self.length * self._k.element_size()
 
 
-def _group_mask(mask: Tensor, n_heads: int, n_kv_heads: int, L: int) -> Tensor:
-    """Reshape a mask broadcastable to (B, n_heads, L, S) to (B, n_kv_heads, g*L, S)."""
-    g = n_heads // n_kv_heads
-    m = mask[(None,) * (4 - mask.dim())]  # (b, h, l, s), h in {1, H}, l in {1, L}
-    b, h, l, s = m.shape
-    if h == 1 and l == 1:
-        return m  # broadcasts as it is
-    if h == 1:
-        return m[:, :, None].expand(b, 1, g, L, s).reshape(b, 1, g * L, s)  # (b, 1, g*L, s)
-    return m.expand(b, n_heads, L, s).reshape(b, n_kv_heads, g * L, s)  # (b, n_kv, g*L, s)
-
-
-SPLIT_KV_MIN_KEYS = 4096  # split a cache across threads from this many keys (see below)
-
-
-def _decode_chunks(q: Tensor, k: Tensor) -> int:
-    """How many parts to split the keys into for :func:`_split_kv_attention`; 1 = do not split.
-
-    PyTorch's CPU attention kernel spreads its work over (batch, key/value head) pairs. Decoding
-    one sequence with MQA has a single pair, so it runs on one core while the others wait;
-    splitting the keys gives every thread a part. Worth it only for a few queries (decoding)
-    against a long cache, on a CPU, with more threads than pairs.
-    """
-    B, H_kv, n_queries, _ = q.shape
-    if (q.device.type != "cpu" or B != 1 or n_queries > 64 or k.shape[2] < SPLIT_KV_MIN_KEYS
-            or not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
-        return 1
-    return torch.get_num_threads() // H_kv
-
-
-def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
-    r"""Attention of ``q`` (1, H_kv, n, hd) over ``k``, ``v`` (1, H_kv, S, hd), the keys split
-    into ``chunks`` parts computed side by side and merged ("flash-decoding", Dao et al. 2023).
-
-    Each part $c$ returns its output $o_c$ and the log-sum-exp $\ell_c$ of its scores; the exact
-    result is $\sum_c e^{\ell_c - \ell}\, o_c$ with $\ell = \log \sum_c e^{\ell_c}$.
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    _, H_kv, n, hd = q.shape
-    S = k.shape[2]
-    m = S // chunks
-
-    def parts(t: Tensor) -> Tensor:  # (chunks, H_kv, m, hd): a view of the first chunks*m keys
-        return t.as_strided((chunks, H_kv, m, t.shape[3]),
-                            (m * t.stride(2), t.stride(1), t.stride(2), t.stride(3)),
-                            t.storage_offset())
-
-    out, lse = flash(q.expand(chunks, H_kv, n, hd), parts(k), parts(v))[:2]  # (c, H_kv, n, hd)
-    if chunks * m < S:  # the few keys left over
-        tail_out, tail_lse = flash(q, k[:, :, chunks * m :], v[:, :, chunks * m :])[:2]
-        out, lse = torch.cat([out, tail_out]), torch.cat([lse, tail_lse])
-    share = torch.softmax(lse, dim=0).to(out.dtype)  # (c, H_kv, n): each part's weight
-    return (out * share[..., None]).sum(0, keepdim=True)  # (1, H_kv, n, hd)
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (MHA), grouped-query (GQA) or multi-query (MQA) by ``n_kv_heads``.
 
@@ -213,24 +159,68 @@ class MultiHeadAttention(nn.Module):
         rope: bool = False,
     ) -> None:
         super().__init__()
-        cfg = AttentionConfig(d_model, n_heads, n_kv_heads, head_dim, kdim, vdim, out_dim, bias,
-                              dropout_p, rope)
+        cfg = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                              head_dim=head_dim, kdim=kdim, vdim=vdim, out_dim=out_dim, bias=bias,
+                              dropout_p=dropout_p, rope=rope)
         self.config = cfg
-        self.q_proj = nn.Linear(d_model, cfg.n_heads * cfg.head_dim, bias=bias)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.kdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.vdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.out_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.out_dim, bias=bias)
 
-    def _packed_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``q_proj(x), k_proj(x), v_proj(x)`` as one matrix product with the three weights
-        stacked: one larger product runs closer to the machine's peak than three small ones."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([p.weight for p in projections])  # (H*hd + 2*H_kv*hd, d_model)
-        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
-        sizes = [p.out_features for p in projections]
-        return F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, T, out) each
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
+        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
+        ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` holding
+        ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: the new keys
+        and values are appended to it and attention covers all of them.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value, attn_mask, kv_cache)
+        cfg = self.config
+        L = query.shape[1]
+        P = 0 if kv_cache is None else kv_cache.length  # tokens already in the cache
+
+        # project: (B, L, H*hd) queries, (B, S_new, H_kv*hd) keys and values
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        # split heads
+        q = split_heads(q, cfg.n_heads)  # (B, H, L, hd)
+        k, v = split_heads(k, cfg.n_kv_heads), split_heads(v, cfg.n_kv_heads)  # (B, H_kv, S_new, hd)
+        # rotate: the new tokens sit at positions P, P + 1, ...
+        if cfg.rope:
+            q = apply_rope(q, torch.arange(P, P + L, device=q.device))
+            k = apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
+        # cache: attend to every token so far (the keys are stored rotated)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
+        # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1; after P
+        # cached tokens the queries sit at P..P+L-1, and the mask must say so
+        S = k.shape[2]
+        if is_causal and (P > 0 or attn_mask is not None):
+            is_causal = False
+            if L > 1 or P < S - 1:  # one new query after the cache sees every key: no mask
+                attn_mask = _and(attn_mask, causal_mask(L, S, offset=P, device=q.device))
+        # attend: (B, H, L, hd), and the weights (B, H, L, S) if asked for
+        dropout_p = cfg.dropout_p if self.training else 0.0
+        out, weights = fastpaths.attend(q, k, v, attn_mask, is_causal, dropout_p, need_weights)
+        # merge heads
+        return self.out_proj(merge_heads(out)), weights  # (B, L, out_dim)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+                      kv_cache: KVCache | None) -> None:
         cfg = self.config
         for name, x, width in [("query", query, cfg.d_model), ("key", key, cfg.kdim),
                                ("value", value, cfg.vdim)]:
@@ -251,84 +241,94 @@ class MultiHeadAttention(nn.Module):
                 f"key and value must have the same length, got {tuple(key.shape)} and "
                 f"{tuple(value.shape)}"
             )
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
-
-        ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
-        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
-        ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` holding
-        ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: the new keys
-        and values are appended to it and attention covers all of them.
-        """
-        key = query if key is None else key
-        value = key if value is None else value
-        self._check_inputs(query, key, value)
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
-        cfg = self.config
-        H, H_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
-        B, L, _ = query.shape
-
-        # self-attention over many rows: one matmul for q, k and v (stacking the weights copies
-        # them, which only pays when there are rows enough; decoding one token does not stack)
-        if key is query and value is query and B * L >= 64:
-            q, k, v = self._packed_projections(query)
-        else:
-            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
-        q = q.view(B, L, H, hd).transpose(1, 2)  # (B, H, L, hd)
-        k = k.view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
-        v = v.view(B, -1, H_kv, hd).transpose(1, 2)  # (B, H_kv, S_new, hd)
-        offset = 0 if kv_cache is None else kv_cache.length
-        if cfg.rope:  # the new tokens sit at positions offset, offset + 1, ...
-            q = apply_rope(q, torch.arange(offset, offset + L, device=q.device))
-            k = apply_rope(k, torch.arange(offset, offset + k.shape[2], device=k.device))
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd): the keys are stored rotated
-        S = k.shape[2]
         if attn_mask is not None:
-            check_mask(attn_mask, (B, H, L, S))
+            S = key.shape[1] + (0 if kv_cache is None else kv_cache.length)
+            check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S))
 
-        # PyTorch's is_causal is top-left aligned on (L, S): right when nothing is cached, the
-        # heads are not regrouped and no other mask is given (its math backend refuses both).
-        # Otherwise we build the causal mask ourselves, with the cache offset.
-        plain = g == 1 and offset == 0 and attn_mask is None
-        mask = attn_mask
-        # one new query after the cache may see every key: the causal mask would be all True
-        if is_causal and not plain and not (kv_cache is not None and L == 1):
-            tri = causal_mask(L, S, offset=offset, device=query.device)  # (L, S)
-            if mask is None:
-                mask = tri
-            elif mask.dtype == torch.bool:
-                mask = mask & tri
-            else:
-                mask = mask.masked_fill(~tri, float("-inf"))
-        if g > 1:
-            q = q.reshape(B, H_kv, g * L, hd)  # (B, H_kv, g*L, hd): a group's heads share k, v
-            mask = None if mask is None else _group_mask(mask, H, H_kv, L)
-        dropout_p = cfg.dropout_p if self.training else 0.0
-
-        if need_weights:
-            out, weights = scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal and plain, dropout_p=dropout_p
-            )  # (B, H_kv, g*L, hd), (B, H_kv, g*L, S)
-            weights = weights.reshape(B, H, L, S)  # (B, H, L, S)
-        elif mask is None and dropout_p == 0.0 and (chunks := _decode_chunks(q, k)) > 1:
-            out = _split_kv_attention(q, k, v, chunks)  # (1, H_kv, g*L, hd)
-            weights = None
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """The layer that computes what ``module`` computes, on batch-first inputs, with its
+        weights copied (``nn.MultiheadAttention`` packs q, k and v into ``in_proj_weight`` when
+        the three have one width). Its masks keep their own polarity: True = ignore there,
+        True = may attend here."""
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be an nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no counterpart here")
+        E = module.embed_dim
+        ref = module.in_proj_weight if module.in_proj_weight is not None else module.q_proj_weight
+        ours = cls(E, module.num_heads, kdim=module.kdim, vdim=module.vdim,
+                   bias=module.in_proj_bias is not None, dropout_p=module.dropout)
+        ours = ours.to(dtype=ref.dtype, device=ref.device)
+        if module._qkv_same_embed_dim:
+            weights = module.in_proj_weight.split(E)
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal and plain, dropout_p=dropout_p
-            )  # (B, H_kv, g*L, hd)
-            weights = None
-        out = out.reshape(B, H, L, hd).transpose(1, 2).reshape(B, L, H * hd)  # (B, L, H*hd)
-        return self.out_proj(out), weights
+            weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
+        biases = module.in_proj_bias.split(E) if module.in_proj_bias is not None else (None,) * 3
+        with torch.no_grad():
+            for linear, w, b in [(ours.q_proj, weights[0], biases[0]),
+                                 (ours.k_proj, weights[1], biases[1]),
+                                 (ours.v_proj, weights[2], biases[2]),
+                                 (ours.out_proj, module.out_proj.weight, module.out_proj.bias)]:
+                linear.weight.copy_(w)
+                if b is not None:
+                    linear.bias.copy_(b)
+        return ours
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """An ``nn.MultiheadAttention(batch_first=True)`` with these weights (MHA only: PyTorch's
+        layer has no grouped heads, no RoPE, and its heads split ``d_model``)."""
+        cfg = self.config
+        if cfg.n_kv_heads != cfg.n_heads or cfg.rope or cfg.n_heads * cfg.head_dim != cfg.d_model \
+                or cfg.out_dim != cfg.d_model:
+            raise ValueError("only plain MHA whose heads split d_model (no GQA/MQA, no RoPE, "
+                             f"out_dim = d_model) has an nn.MultiheadAttention twin; got {cfg}")
+        w = self.q_proj.weight
+        theirs = nn.MultiheadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.dropout_p,
+                                       bias=cfg.bias, kdim=cfg.kdim, vdim=cfg.vdim,
+                                       batch_first=True, device=w.device, dtype=w.dtype)
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        with torch.no_grad():
+            if theirs._qkv_same_embed_dim:
+                theirs.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
+            else:
+                for name, p in zip("qkv", projections, strict=True):
+                    getattr(theirs, f"{name}_proj_weight").copy_(p.weight)
+            if cfg.bias:
+                theirs.in_proj_bias.copy_(torch.cat([p.bias for p in projections]))
+                theirs.out_proj.bias.copy_(self.out_proj.bias)
+            theirs.out_proj.weight.copy_(self.out_proj.weight)
+        return theirs.train(self.training)
+
+
+def expand_kv_heads(module: MultiHeadAttention) -> MultiHeadAttention:
+    """The MHA layer whose key/value heads repeat ``module``'s, each for its group of query heads
+    (:func:`~selfattn.heads.repeat_kv` applied to the projections' weights). It computes exactly
+    what the GQA or MQA ``module`` computes, with ``n_heads / n_kv_heads`` times the K/V weights."""
+    cfg = module.config
+    mha = MultiHeadAttention(cfg.d_model, cfg.n_heads, head_dim=cfg.head_dim, kdim=cfg.kdim,
+                             vdim=cfg.vdim, out_dim=cfg.out_dim, bias=cfg.bias,
+                             dropout_p=cfg.dropout_p, rope=cfg.rope)
+    mha = mha.to(dtype=module.q_proj.weight.dtype, device=module.q_proj.weight.device)
+    hd, g = cfg.head_dim, cfg.group_size
+    with torch.no_grad():
+        mha.q_proj.load_state_dict(module.q_proj.state_dict())
+        mha.out_proj.load_state_dict(module.out_proj.state_dict())
+        for src, dst in [(module.k_proj, mha.k_proj), (module.v_proj, mha.v_proj)]:
+            w = src.weight.view(1, cfg.n_kv_heads, hd, -1)  # (1, H_kv, hd, d): a head per row
+            dst.weight.copy_(repeat_kv(w, g).reshape(cfg.n_heads * hd, -1))  # (H*hd, d)
+            if cfg.bias:
+                b = src.bias.view(1, cfg.n_kv_heads, hd, 1)
+                dst.bias.copy_(repeat_kv(b, g).flatten())
+    return mha.train(module.training)
+
+
+def _and(mask: Tensor | None, keep: Tensor) -> Tensor:
+    """``mask`` (bool or additive, or None) with the bool ``keep`` applied on top."""
+    if mask is None:
+        return keep
+    if mask.dtype == torch.bool:
+        return mask & keep
+    return mask.masked_fill(~keep, float("-inf"))

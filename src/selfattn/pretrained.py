@@ -237,6 +237,28 @@ class Pretrained:
         return Encoded(ids, [e.tokens for e in batch], mask, hidden.cpu(), attentions.cpu())
 
 
+@torch.no_grad()
+def compare_with_transformers(model: Pretrained, sentences: list[str]) -> dict[str, float]:
+    """Run ``sentences`` through ``model`` and through Hugging Face's ``BertModel`` (its plain
+    "eager" attention, which returns the weights) on the same checkpoint; return the largest
+    difference in any hidden state of a real token (``hidden``) and in any attention weight
+    (``attention``). ``transformers`` is needed here only (the tests and chapter 10 have it)."""
+    import transformers
+
+    transformers.logging.disable_progress_bar()  # no loading bar on a page
+    device = next(model.model.parameters()).device
+    reference = transformers.BertModel.from_pretrained(find_model_dir(), attn_implementation="eager")
+    reference = reference.to(device).eval()
+    enc = model.encode(sentences)
+    out = reference(input_ids=enc.input_ids.to(device), attention_mask=enc.mask.long().to(device),
+                    output_hidden_states=True, output_attentions=True)
+    hidden = torch.stack(out.hidden_states).cpu()  # (layers + 1, B, T, d)
+    attentions = torch.stack(out.attentions).cpu()  # (layers, B, H, T, T)
+    real = enc.mask[None, :, :, None]  # padded positions' hidden states are not used
+    return {"hidden": ((enc.hidden - hidden).abs() * real).max().item(),
+            "attention": (enc.attentions - attentions).abs().max().item()}
+
+
 def load(path: str | os.PathLike | None = None, device: torch.device | str | None = None
          ) -> Pretrained:
     """Find the weights (:func:`find_model_dir`), check their SHA-256, and build the model."""

@@ -78,10 +78,11 @@ def attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
+    *,
     scorer: Scorer = scaled_dot_scores,
     attn_mask: Tensor | None = None,
-    is_causal: bool = False,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
 ) -> tuple[Tensor, Tensor]:
     r"""$\operatorname{softmax}(s(Q, K) + M)\,V$ for any scorer $s$; returns ``(output, weights)``.
 
@@ -105,7 +106,9 @@ def attention(
 
 class ScoredSelfAttention(nn.Module):
     """One head of self-attention whose scorer is chosen by name: ``"dot"`` (no scale),
-    ``"scaled_dot"`` or ``"additive"``. Holds $W^q, W^k, W^v$; returns ``(output, weights)``."""
+    ``"scaled_dot"`` or ``"additive"``. Holds $W^q, W^k, W^v$. Called like
+    :class:`~selfattn.MultiHeadAttention` on ``x`` (B, T, d): returns ``(output, weights)``, the
+    weights ``(B, 1, T, T)`` (one head) when ``need_weights``, else None."""
 
     SCORERS = ("dot", "scaled_dot", "additive")
 
@@ -124,6 +127,9 @@ class ScoredSelfAttention(nn.Module):
             return self.additive(query, key)
         return dot_scores(query, key) if self.scorer_name == "dot" else scaled_dot_scores(query, key)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, d) each
-        return attention(q, k, v, scorer=self.score, attn_mask=attn_mask)
+        out, weights = attention(q, k, v, scorer=self.score, attn_mask=attn_mask,
+                                 is_causal=is_causal)  # (B, T, d), (B, T, T)
+        return out, weights.unsqueeze(1) if need_weights else None  # (B, 1, T, T): one head

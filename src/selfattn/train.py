@@ -85,7 +85,8 @@ def train_seeds(
     The models' weights are stacked along a new first axis (``torch.func.stack_module_state``) and
     the forward pass is ``vmap``-ed over it, each seed with its own batch, so one optimiser step
     moves every model. Adam works element by element, so these are the separate trainings, up to
-    floating-point rounding (tested). Returns the trained models (in ``eval()`` mode) and their loss histories.
+    floating-point rounding (tested). Returns the trained models (in ``eval()`` mode) and their
+    loss histories.
     """
     from torch.func import functional_call, stack_module_state, vmap
 

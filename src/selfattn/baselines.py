@@ -1,0 +1,55 @@
+"""Baselines to measure the library against: attention as the second source article writes it.
+
+The article splits and merges heads with einops' ``rearrange`` and computes the products with
+``torch.einsum``; its class has eight bugs, which chapter 8 finds and fixes one by one.
+:class:`EinopsSelfAttention` is that class with every fix applied (the chapter shows this code),
+and :func:`einsum_attention` its core. ``make bench`` times both beside the library.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .attention import masked_softmax
+
+
+def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention in einsum notation: ``(B, H, T, hd)`` in and out, no mask."""
+    scores = torch.einsum("bhld,bhsd->bhls", q * q.shape[-1] ** -0.5, k)  # (B, H, L, S)
+    return torch.einsum("bhls,bhsd->bhld", torch.softmax(scores, dim=-1), v)  # (B, H, L, hd)
+
+
+class EinopsSelfAttention(nn.Module):
+    """The second article's ``SelfAttention``, fixed: same arguments ``(values, keys, query,
+    mask)``, same parameter names as :class:`~selfattn.MultiHeadAttention`."""
+
+    def __init__(self, embed_size: int, heads: int) -> None:
+        super().__init__()
+        if embed_size % heads:
+            raise ValueError(f"embed_size ({embed_size}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.head_dim = embed_size // heads
+        # fix 3: full-width projections, one per role, applied in forward
+        self.q_proj = nn.Linear(embed_size, embed_size)
+        self.k_proj = nn.Linear(embed_size, embed_size)
+        self.v_proj = nn.Linear(embed_size, embed_size)
+        self.out_proj = nn.Linear(embed_size, embed_size)
+
+    def forward(self, values: Tensor, keys: Tensor, query: Tensor,
+                mask: Tensor | None = None) -> Tensor:
+        """mask: bool (B, S), True = may attend (fix 5: one stated convention)."""
+        # fix 2: a batch axis b in every pattern
+        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=self.heads)
+        k = rearrange(self.k_proj(keys), "b n (h d) -> b h n d", h=self.heads)
+        v = rearrange(self.v_proj(values), "b n (h d) -> b h n d", h=self.heads)
+        # fix 4: divide by sqrt(head_dim)
+        energy = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5
+        allowed = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
+        # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the last axis (keys)
+        attention = masked_softmax(energy, allowed).to(v.dtype)  # (B, H, L, S)
+        out = torch.einsum("bhqk,bhkd->bhqd", attention, v)
+        # fix 8: merge heads with the head axis next to the features
+        out = rearrange(out, "b h n d -> b n (h d)")
+        return self.out_proj(out)

@@ -1,0 +1,37 @@
+r"""Heads: from one wide vector per token to one narrow vector per head, and back.
+
+Multi-head attention (Vaswani et al. 2017, §3.2.2) projects each token to ``n_heads * head_dim``
+numbers and reads them as ``n_heads`` vectors of ``head_dim``: a reshape, then a transpose that
+puts the heads next to the batch, so that every head attends on its own:
+
+``(B, T, H * hd)  --split_heads-->  (B, H, T, hd)  --attend-->  (B, H, T, hd)  --merge_heads-->
+(B, T, H * hd)``
+
+Grouped-query attention (Ainslie et al. 2023) has fewer key/value heads than query heads;
+:func:`repeat_kv` gives each of them to its group of query heads, as Hugging Face's ``repeat_kv``
+does (``torch.repeat_interleave`` along the heads).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """``(B, T, n_heads * hd)`` -> ``(B, n_heads, T, hd)``: head ``h`` is features
+    ``h * hd .. (h + 1) * hd - 1`` of every token."""
+    B, T, width = x.shape
+    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, H, T, hd)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``(B, n_heads, T, hd)`` -> ``(B, T, n_heads * hd)``: each token's heads side by side."""
+    B, H, T, hd = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(B, H_kv, S, hd)`` -> ``(B, H_kv * n_rep, S, hd)``: key/value head ``j`` serves query
+    heads ``j * n_rep .. (j + 1) * n_rep - 1``. This copies the keys ``n_rep`` times;
+    :mod:`selfattn.fastpaths` gets the same result without."""
+    return x.repeat_interleave(n_rep, dim=1)  # (B, H_kv * n_rep, S, hd)
