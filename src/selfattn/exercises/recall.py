@@ -1,76 +1,21 @@
-"""Self-checks for the chapters' exercises: each says "correct" or what is still wrong.
-
-A checker never raises: a reader's half-written answer (``None``, an exception inside their
-function) gets a short message, so a chapter always runs top to bottom. Every checker is built
-from the same few steps below: call the reader's function, check that the answer is a number or a
-tensor of the right shape, compare with the library, and report.
+"""Checkers for the chapters' recall exercises: a number, a count, a short function that the
+library already computes. Each says "correct" or what is still wrong (see :mod:`.scaffold`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
-from .attention import scaled_dot_product_attention
-from .masks import causal_mask, padding_mask
-from .measure import attention_flops, influence
-from .models import CNNTagger, WindowTagger, count_parameters
-from .multihead import KVCache, MultiHeadAttention
-from .positional import alibi_slopes, sinusoidal_encoding
-from .scoring import AdditiveScorer
-
-
-class NotYet(Exception):
-    """What is still wrong with an answer; its message is shown to the reader."""
-
-
-def _report(ok: bool, message: str) -> bool:
-    print(("✓ Correct: " if ok else "✗ Not yet: ") + message)
-    return ok
-
-
-def _checker(check: Callable[..., str]) -> Callable[..., bool]:
-    """Turn ``check(answer) -> success message`` (raising :class:`NotYet`) into a checker that
-    prints the verdict and returns True or False."""
-    def run(answer: object) -> bool:
-        try:
-            return _report(True, check(answer))
-        except NotYet as why:
-            return _report(False, str(why))
-
-    run.__name__, run.__doc__ = check.__name__, check.__doc__
-    return run
-
-
-def _call(fn: object, *args: object) -> object:
-    """The reader's ``fn(*args)``; any exception it raises becomes a message."""
-    if not callable(fn):
-        raise NotYet(f"expected a function, got {type(fn).__name__}")
-    try:
-        return fn(*args)
-    except Exception as exc:  # the reader's code: report, never crash the chapter
-        shown = ", ".join(_short(a) for a in args)
-        raise NotYet(f"your function, given ({shown}), raised {type(exc).__name__}: {exc}") from None
-
-
-def _short(x: object) -> str:
-    return f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(x)
-
-
-def _number(answer: object) -> float:
-    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
-        raise NotYet(f"set the answer to a number, got {answer!r}")
-    return answer
-
-
-def _tensor(got: object, want: torch.Tensor) -> torch.Tensor:
-    """``got`` must be a tensor of ``want``'s shape."""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        raise NotYet(f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
-    return got
+from ..attention import scaled_dot_product_attention
+from ..masks import causal_mask, padding_mask
+from ..measure import attention_flops, influence
+from ..models import CNNTagger, WindowTagger, count_parameters
+from ..multihead import KVCache, MultiHeadAttention
+from ..positional import alibi_slopes, sinusoidal_encoding
+from ..scoring import AdditiveScorer
+from .scaffold import NotYet, _call, _checker, _number, _tensor
 
 
 @_checker
@@ -381,7 +326,7 @@ def check_scores_bytes(answer: object) -> str:
 @_checker
 def check_bert_layer_parameters(fn: object) -> str:
     """Chapter 10, exercise 1: ``fn(d, d_ff)`` counts the parameters of one BertLayer."""
-    from .pretrained import BertConfig, BertLayer
+    from ..pretrained import BertConfig, BertLayer
 
     for d, d_ff, heads in ((384, 1536, 12), (8, 32, 2), (768, 3072, 12)):
         got = _call(fn, d, d_ff)
@@ -397,7 +342,7 @@ def check_bert_layer_parameters(fn: object) -> str:
 @_checker
 def check_previous_share(fn: object) -> str:
     """Chapter 10, exercise 2: ``fn(w)`` is each head's mean weight on the previous token."""
-    from .pretrained import offset_share
+    from ..pretrained import offset_share
 
     g = torch.Generator().manual_seed(10)
     w = torch.softmax(torch.randn(3, 7, 7, generator=g), dim=-1)  # (H, T, T)

@@ -1,0 +1,503 @@
+"""Checkers for the chapters' build-it exercises: the reader writes a real piece of attention (a
+layer, RoPE, splitting heads, a KV cache, an online softmax) and the checker runs it against the
+library, with the weights copied or on identical inputs.
+
+When the answer is wrong, the checker recomputes the typical mistakes (no scale, the softmax over
+the wrong axis, heads cut in the wrong order, ...) and names the one the answer matches; otherwise
+it says where the answer differs. Every check uses its own seeded generator, and builds the
+library's layers with the global random state saved and restored, so running a checker leaves a
+chapter's random numbers as they were.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import scaled_dot_product_attention
+from ..heads import merge_heads, repeat_kv, split_heads
+from ..masks import causal_mask
+from ..multihead import MultiHeadAttention
+from ..positional import apply_rope
+from .scaffold import NotYet, _call, _checker, _close, _tensor
+
+
+def _seeded_layer(seed: int, *args: object, **kwargs: object) -> MultiHeadAttention:
+    """A :class:`MultiHeadAttention` whose weights come from ``seed``, in eval mode; the global
+    random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MultiHeadAttention(*args, **kwargs).eval()
+
+
+def _equal(got: Tensor, want: Tensor) -> bool:
+    """Exactly ``want`` (values moved, never computed), whatever dtype the reader returned."""
+    try:
+        return got.shape == want.shape and torch.equal(got.detach().to(want.dtype), want)
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _first_match(got: Tensor, candidates: list[tuple[Callable[[], Tensor], str]],
+                 atol: float = 1e-3) -> str | None:
+    """The hint of the first typical mistake whose result ``got`` equals, if any. Only a wrong
+    answer is compared, so the tolerance can be loose: the mistakes differ from the right answer,
+    and from each other, by far more."""
+    for compute, hint in candidates:
+        wrong = compute()
+        if wrong.shape == got.shape and _close(got, wrong, atol=atol, rtol=1e-3):
+            return hint
+    return None
+
+
+# --- chapter 2: a self-attention layer --------------------------------------------------------
+
+_PROJECTIONS = {"W_q": "d_k", "W_k": "d_k", "W_v": "d_v"}
+_ROLES = {"W_q": "queries", "W_k": "keys", "W_v": "values"}
+
+
+def _linears(layer: object, sizes: dict[str, int]) -> dict[str, nn.Linear]:
+    """The reader's ``W_q``, ``W_k``, ``W_v``: each an ``nn.Linear(d_model, d_k or d_v, bias=False)``."""
+    if not isinstance(layer, nn.Module):
+        raise NotYet(f"your class should be an nn.Module (class ...(nn.Module)), got an instance "
+                     f"of {type(layer).__name__}")
+    found = {}
+    given = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    for name, out_name in _PROJECTIONS.items():
+        linear = getattr(layer, name, None)
+        if linear is None:
+            raise NotYet(f"your class has no attribute {name}: in __init__, set "
+                         f"self.{name} = nn.Linear(d_model, {out_name}, bias=False)")
+        if not isinstance(linear, nn.Linear):
+            raise NotYet(f"{name} should be an nn.Linear, got {type(linear).__name__}")
+        want = (sizes["d_model"], sizes[out_name])
+        if (linear.in_features, linear.out_features) != want:
+            raise NotYet(f"given {given}, {name} maps {linear.in_features} features to "
+                         f"{linear.out_features}; it should map d_model={want[0]} to "
+                         f"{out_name}={want[1]}: nn.Linear(d_model, {out_name}, bias=False)")
+        if linear.bias is not None:
+            raise NotYet(f"{name} has a bias: build it with nn.Linear(..., bias=False)")
+        found[name] = linear
+    return found
+
+
+def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: int) -> None:
+    sizes = {"d_model": d_model, "d_k": d_k, "d_v": d_v}
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            layer = _call(cls, d_model, d_k, d_v, kind="class")
+        except NotYet as why:
+            if "before Module.__init__() call" in str(why):
+                raise NotYet(f"{why}. Call super().__init__() first in your __init__") from None
+            raise
+    linears = _linears(layer, sizes)
+    # weights scaled so that the scores q.k / sqrt(d_k) have unit variance: no softmax saturates
+    weights = {name: torch.randn(lin.out_features, d_model, generator=g) / math.sqrt(d_model)
+               for name, lin in linears.items()}
+    with torch.no_grad():
+        for name, linear in linears.items():
+            linear.weight.copy_(weights[name])
+    layer.eval()
+    x = torch.randn(2, 5, d_model, generator=g)  # (B, T, d_model)
+    proj = {name: x @ w.T for name, w in weights.items()}  # (B, T, d_k or d_v)
+    q, k, v = proj["W_q"], proj["W_k"], proj["W_v"]
+    with torch.no_grad():
+        if d_k == d_v:  # the library's layer, one head, weights copied, out_proj the identity
+            with torch.random.fork_rng(devices=[]):
+                mha = MultiHeadAttention(d_model, 1, head_dim=d_k, out_dim=d_v, bias=False).eval()
+            for ours, name in [(mha.q_proj, "W_q"), (mha.k_proj, "W_k"), (mha.v_proj, "W_v")]:
+                ours.weight.copy_(weights[name])
+            mha.out_proj.weight.copy_(torch.eye(d_v))
+            want, _ = mha(x)
+        else:
+            want, _ = scaled_dot_product_attention(q, k, v)
+        got = _call(layer, x, kind="class's forward")
+    if isinstance(got, tuple):
+        raise NotYet(f"your forward returned a tuple of {len(got)}; return only the output "
+                     f"(B, T, d_v)")
+    got = _tensor(got, want)
+    if _close(got, want):
+        return
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, scale: float = 1 / math.sqrt(d_k), dim: int = -1,
+               softmax: bool = True) -> Tensor:
+        scores = q @ k.transpose(-2, -1) * scale  # (B, T, T)
+        return (torch.softmax(scores, dim=dim) if softmax else scores) @ v
+
+    candidates = [
+        (lambda: attend(q, k, v, scale=1.0), "forgot the scale: divide the scores by sqrt(d_k) "
+         "before the softmax (with the weights copied, your output is softmax(Q K^T) V)"),
+        (lambda: attend(q, k, v, scale=1 / math.sqrt(d_model)), "the scores are divided by "
+         "sqrt(d_model); the scale is 1 / sqrt(d_k), the width of the queries and keys"),
+        (lambda: attend(q, k, v, scale=1 / math.sqrt(d_v)), "the scores are divided by sqrt(d_v); "
+         "the scale is 1 / sqrt(d_k), the width of the queries and keys"),
+        (lambda: attend(q, k, v, scale=1 / d_k), "the scores are divided by d_k; the scale is "
+         "1 / sqrt(d_k), the square root"),
+        (lambda: attend(q, k, v, dim=-2), "the softmax runs over the queries (dim=1, or -2): "
+         "each query's weights must sum to 1 over the keys, softmax(..., dim=-1)"),
+        (lambda: attend(q, k, v, dim=0), "the softmax runs over the batch (dim=0): each query's "
+         "weights must sum to 1 over the keys, softmax(..., dim=-1)"),
+        (lambda: attend(q, k, v, softmax=False), "there is no softmax: the scaled scores must "
+         "become weights that sum to 1 over the keys, softmax(..., dim=-1)"),
+    ]
+    for names in itertools.product(_PROJECTIONS, repeat=3):  # a projection used for another role
+        wrong = [f"your {_ROLES[right]} come from {used}"
+                 for used, right in zip(names, _PROJECTIONS, strict=True) if used != right]
+        if wrong:
+            candidates.append((lambda names=names: attend(*(proj[n] for n in names)),
+                               " and ".join(wrong) + ": queries, keys and values each have their "
+                               "own projection, W_q, W_k and W_v"))
+    hint = _first_match(got, candidates)
+    raise NotYet(hint or f"given d_model={d_model}, d_k={d_k}, d_v={d_v}, with the weights copied, "
+                 f"your output differs from softmax(Q K^T / sqrt(d_k)) V by up to "
+                 f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+
+
+@_checker
+def check_attention_layer(cls: object) -> str:
+    """Chapter 2, build-it exercise: ``cls(d_model, d_k, d_v)`` is a one-head self-attention
+    ``nn.Module`` with ``nn.Linear`` projections ``W_q``, ``W_k`` (d_model -> d_k) and ``W_v``
+    (d_model -> d_v), all ``bias=False``, whose ``forward(x)`` maps ``(B, T, d_model)`` to
+    ``softmax(Q K^T / sqrt(d_k)) V`` of shape ``(B, T, d_v)``. Checked with the weights copied
+    into a one-head :class:`~selfattn.MultiHeadAttention` whose output projection is the
+    identity, and with d_v != d_k against :func:`~selfattn.scaled_dot_product_attention`."""
+    _attention_layer_case(cls, d_model=8, d_k=4, d_v=4, seed=20)
+    _attention_layer_case(cls, d_model=12, d_k=4, d_v=6, seed=21)
+    return ("with the weights copied, your layer computes what a one-head "
+            "selfattn.MultiHeadAttention computes (its out_proj the identity), and keeps "
+            "d_k and d_v apart")
+
+
+# --- chapter 5: RoPE --------------------------------------------------------------------------
+
+def _rope_halves(x: Tensor, positions: Tensor) -> Tensor:
+    """RoPE with feature i paired with feature i + d/2 (GPT-NeoX's ``rotate_half`` layout)."""
+    d = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angles = positions.double()[:, None] * theta  # (T, d/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@_checker
+def check_rope(fn: object) -> str:
+    """Chapter 5, build-it exercise: ``fn(x, positions)`` rotates each pair of features
+    ``(x[..., 2i], x[..., 2i+1])`` of ``x`` (..., T, d) at position ``positions[t]`` by the angle
+    ``positions[t] * 10000^(-2i/d)``, as :func:`~selfattn.positional.apply_rope` does."""
+    g = torch.Generator().manual_seed(50)
+    cases = [((2, 3, 5, 2), torch.arange(5)),
+             ((2, 3, 6, 8), torch.arange(6)),
+             ((4, 7, 16), torch.arange(7)),
+             ((1, 2, 4, 16), torch.tensor([3, 4, 10, 57]))]
+    for shape, positions in cases:
+        x = torch.randn(*shape, generator=g)
+        before = x.clone()
+        want = apply_rope(x, positions)
+        got = _tensor(_call(fn, x, positions), want)
+        if not _equal(x, before):
+            raise NotYet("your function changed x in place: the caller's queries and keys must "
+                         "stay as they were; build the result in a new tensor")
+        if _close(got, want, atol=1e-4):
+            continue
+        given = f"given x of shape {shape} and positions {positions.tolist()}"
+        candidates = [
+            (lambda x=x, p=positions: apply_rope(x, -p), "the pairs turn the other way: the even "
+             "feature becomes x_2i cos - x_2i+1 sin and the odd one x_2i sin + x_2i+1 cos"),
+            (lambda x=x, p=positions: _rope_halves(x, p), "your function pairs the halves "
+             "(x[..., i], x[..., i + d/2]); this RoPE, like apply_rope, pairs neighbours "
+             "(x[..., 2i], x[..., 2i+1])"),
+            (lambda x=x, p=positions: apply_rope(x, p, base=100.0), "the angles use "
+             "10000^(-i/d) for pair i; the frequency of pair i is 10000^(-2i/d)"),
+            (lambda x=x, p=positions: apply_rope(x, p, base=1e8), "the angles use "
+             "10000^(-4i/d) for pair i: torch.arange(0, d, 2) already holds 2i, so do not "
+             "double it again"),
+            (lambda x=x, p=positions: apply_rope(x, p, base=1e-4), "the frequencies grow with i: "
+             "theta_i = 10000^(-2i/d), with a minus sign"),
+        ]
+        if not torch.equal(positions, torch.arange(len(positions))):
+            candidates.append((lambda x=x: apply_rope(x), f"{given}, your function rotates as if "
+                               "the tokens sat at 0, 1, 2, ...: use the positions it is given"))
+        hint = _first_match(got, candidates, atol=1e-2)  # float32 angles reach 1e5 in some
+        if hint:
+            raise NotYet(hint)
+        norms = got.detach().to(x.dtype).norm(dim=-1)
+        if not torch.allclose(norms, x.norm(dim=-1), atol=1e-4, rtol=1e-4):
+            raise NotYet(f"{given}, your output vectors have other lengths than the inputs: a "
+                         "rotation keeps lengths (cos^2 + sin^2 = 1), so each pair "
+                         "(x_2i, x_2i+1) must become (x_2i cos - x_2i+1 sin, x_2i sin + x_2i+1 cos)")
+        raise NotYet(f"{given}, your output differs from apply_rope by up to "
+                     f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+    return ("pair (x_2i, x_2i+1) turns by position * 10000^(-2i/d), as "
+            "selfattn.positional.apply_rope does; every length is kept")
+
+
+# --- chapter 6: heads ------------------------------------------------------------------------
+
+@_checker
+def check_split_heads(fn: object) -> str:
+    """Chapter 6, build-it exercise: ``fn(x, n_heads)`` turns ``(B, T, n_heads * hd)`` into
+    ``(B, n_heads, T, hd)``, head ``h`` holding features ``h * hd .. (h + 1) * hd - 1`` of every
+    token, as :func:`~selfattn.split_heads` does."""
+    for B, T, H, hd in [(2, 3, 4, 5), (1, 6, 1, 4), (2, 5, 3, 2)]:
+        x = torch.arange(B * T * H * hd, dtype=torch.float32).reshape(B, T, H * hd)
+        want = split_heads(x, H)  # (B, H, T, hd)
+        got = _call(fn, x, H)
+        if isinstance(got, Tensor) and got.shape != want.shape \
+                and sorted(got.shape) == sorted(want.shape):
+            raise NotYet(f"given x of shape {(B, T, H * hd)} and n_heads={H}, your function "
+                         f"returns shape {tuple(got.shape)}: the right sizes in the wrong order. "
+                         f"Expected (B, n_heads, T, hd) = {tuple(want.shape)}: after "
+                         "view(B, T, n_heads, hd), swap the token and head axes, transpose(1, 2)")
+        got = _tensor(got, want)
+        if _equal(got, want):
+            continue
+        if _equal(got, x.reshape(B, H, T, hd)):
+            raise NotYet("the right shape, but the heads hold the wrong numbers: a view or reshape "
+                         "straight to (B, n_heads, T, hd) cuts the memory in order, so head 0 gets "
+                         "whole tokens. View as (B, T, n_heads, hd), then transpose(1, 2)")
+        if _equal(got, x.view(B, T, hd, H).permute(0, 3, 1, 2)):
+            raise NotYet("the heads are interleaved: head h takes every n_heads-th feature. Head "
+                         "h must be features h*hd .. (h+1)*hd - 1: view(B, T, n_heads, hd), then "
+                         "transpose(1, 2)")
+        raise NotYet(f"given x of shape {(B, T, H * hd)} and n_heads={H}, the values are not where "
+                     "they belong: head h, token t should be x[:, t, h*hd : (h+1)*hd]")
+    return "head h is features h*hd .. (h+1)*hd - 1 of every token, moved next to the batch"
+
+
+def _mha_variant(layer: MultiHeadAttention, x: Tensor, *, split_ok: bool = True,
+                 merge_ok: bool = True, out_proj: bool = True, model_scale: bool = False,
+                 one_head: bool = False, causal: bool = False) -> Tensor:
+    """The layer's forward (MHA, no mask) computed by hand, with one or more typical mistakes."""
+    cfg = layer.config
+    B, T, _ = x.shape
+    H, hd = (1, cfg.n_heads * cfg.head_dim) if one_head else (cfg.n_heads, cfg.head_dim)
+
+    def split(t: Tensor) -> Tensor:
+        return split_heads(t, H) if split_ok else t.reshape(B, H, T, hd)
+
+    q, k, v = split(layer.q_proj(x)), split(layer.k_proj(x)), split(layer.v_proj(x))
+    scale = 1 / math.sqrt(cfg.d_model if model_scale else cfg.head_dim)
+    out, _ = scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)  # (B, H, T, hd)
+    out = merge_heads(out) if merge_ok else out.reshape(B, T, H * hd)
+    return layer.out_proj(out) if out_proj else out
+
+
+_MHA_MISTAKES = {
+    "split_ok": "split the heads by a plain reshape to (B, H, T, hd), which puts whole tokens in "
+                "one head (view as (B, T, H, hd), then transpose(1, 2))",
+    "merge_ok": "merge the heads by a plain reshape of (B, H, T, hd), which mixes tokens "
+                "(transpose(1, 2) back to (B, T, H, hd) first)",
+    "out_proj": "leave out the layer's out_proj after merging the heads",
+    "model_scale": "scale the scores by 1/sqrt(d_model) (the scale is 1/sqrt(head_dim), the width "
+                   "of one head)",
+    "one_head": "attend with one head of full width (split into layer.config.n_heads heads)",
+    "causal": "apply a causal mask (this layer attends to every token)",
+}
+
+
+def _mha_candidates(layer: MultiHeadAttention, x: Tensor) -> list[tuple[Callable[[], Tensor], str]]:
+    """Every typical mistake of :func:`_mha_variant`, alone and in pairs, with its hint."""
+    flips = [("split_ok", False), ("merge_ok", False), ("out_proj", False), ("one_head", True),
+             ("model_scale", True), ("causal", True)]
+    candidates = []
+    for n in (1, 2):
+        for chosen in map(dict, itertools.combinations(flips, n)):
+            if "one_head" in chosen and ("split_ok" in chosen or "merge_ok" in chosen):
+                continue  # one head: nothing to split in the wrong order
+            hint = "your output is what you get when you " + ", and ".join(map(_MHA_MISTAKES.get, chosen))
+            candidates.append((lambda c=chosen: _mha_variant(layer, x, **c), hint))
+    return candidates
+
+
+@_checker
+def check_multi_head_forward(fn: object) -> str:
+    """Chapter 6, build-it exercise: ``fn(layer, x)`` computes what a
+    :class:`~selfattn.MultiHeadAttention` ``layer`` (MHA, no mask) outputs for ``x`` (B, T, d_model),
+    from its ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` and ``layer.config.n_heads``: project,
+    split the heads, attend in every head, merge the heads, project out."""
+    g = torch.Generator().manual_seed(60)
+    for seed, d_model, n_heads, head_dim in [(61, 12, 3, None), (62, 8, 2, 6)]:
+        layer = _seeded_layer(seed, d_model, n_heads, head_dim=head_dim)
+        x = torch.randn(2, 5, d_model, generator=g)  # (B, T, d_model)
+        with torch.no_grad():
+            want, _ = layer(x)
+            got = _tensor(_call(fn, layer, x), want)
+            if _close(got, want):
+                continue
+            hint = _first_match(got, _mha_candidates(layer, x))
+        raise NotYet(hint or f"with n_heads={n_heads}, head_dim={layer.config.head_dim}, your output "
+                     f"differs from the layer's by up to "
+                     f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+    return ("project, split into heads, attend in each, merge, project out: the layer's forward, "
+            "with GQA, RoPE, the cache and the masks left aside")
+
+
+# --- chapter 7: a KV cache --------------------------------------------------------------------
+
+def _decode(cls: object, layer: MultiHeadAttention, x: Tensor,
+            chunks: list[tuple[int, int]], run: str) -> Tensor:
+    """Decode ``x`` chunk by chunk with a new cache of the reader's class; the layer's output."""
+    cfg = layer.config
+    with torch.random.fork_rng(devices=[]):
+        cache = _call(cls, kind="class")
+    append = getattr(cache, "append", None)
+    if not callable(append):
+        raise NotYet("your class has no method append(k, v)")
+    given, outs = [], []  # the keys and values appended (and a copy of each), the outputs
+    for start, end in chunks:
+        chunk = x[:, start:end]  # (B, T_new, d)
+        q = split_heads(layer.q_proj(chunk), cfg.n_heads)  # (B, H, T_new, hd)
+        k = split_heads(layer.k_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, T_new, hd)
+        v = split_heads(layer.v_proj(chunk), cfg.n_kv_heads)
+        given.append((k, v, k.clone(), v.clone()))
+        try:
+            pair = _call(append, k, v, kind="append")
+        except NotYet as why:
+            if "must match except in dimension" in str(why):
+                raise NotYet(f"{why}. The tokens are dim 2 of (B, H_kv, T, hd): concatenate along "
+                             "dim=2") from None
+            raise
+        step = f"{run}, after {end} token{'s' if end > 1 else ''}"
+        for i, (k_in, v_in, k_copy, v_copy) in enumerate(given):
+            if not (_equal(k_in, k_copy) and _equal(v_in, v_copy)):
+                raise NotYet(f"{step}, the keys or values given to append call {i + 1} have changed: "
+                             "append must not modify the tensors it is given; store them, and build "
+                             "new tensors (torch.cat returns a new one)")
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise NotYet(f"append should return (keys, values), got {type(pair).__name__}")
+        all_k = torch.cat([c[2] for c in given], dim=2)  # (B, H_kv, end, hd)
+        all_v = torch.cat([c[3] for c in given], dim=2)
+        for name, got, want, new in [("keys", pair[0], all_k, k), ("values", pair[1], all_v, v)]:
+            if not isinstance(got, Tensor):
+                raise NotYet(f"append should return (keys, values) tensors; the {name} are "
+                             f"{type(got).__name__}")
+            if _equal(got, want):
+                continue
+            if start > 0 and _equal(got, new):
+                raise NotYet(f"{step}, append returned only the new {name} ({end - start} of {end}): "
+                             f"it must return all {name} so far, shape {tuple(want.shape)}")
+            if name == "keys" and _equal(got, all_v):
+                raise NotYet(f"{step}, append returned the values first: return (keys, values)")
+            if got.shape != want.shape and got.numel() == want.numel() and got.dim() == 4:
+                grown = [d for d in range(4) if got.shape[d] > want.shape[d]]
+                raise NotYet(f"{step}, the {name} have shape {tuple(got.shape)}, grown along dim "
+                             f"{grown[0] if grown else '?'}: the tokens are dim 2 of "
+                             f"(B, H_kv, T, hd), expected {tuple(want.shape)}")
+            if got.dim() == 4 and got.shape[2] > want.shape[2] and start == 0:
+                raise NotYet(f"{step}, a new cache returns {got.shape[2]} {name}: it already held "
+                             "those of another cache. Create the storage in __init__ (self.keys = "
+                             "None), not as a class attribute that every cache shares")
+            if got.shape != want.shape:
+                raise NotYet(f"{step}, the {name} have shape {tuple(got.shape)}, expected "
+                             f"{tuple(want.shape)} (B, H_kv, tokens so far, hd)")
+            raise NotYet(f"{step}, the {name} returned are not the ones appended, in order")
+        g = cfg.n_heads // cfg.n_kv_heads
+        mask = causal_mask(end - start, end, offset=start)  # new queries sit at start..end-1
+        out, _ = scaled_dot_product_attention(q, repeat_kv(pair[0], g), repeat_kv(pair[1], g),
+                                              attn_mask=mask)
+        outs.append(out)  # (B, H, T_new, hd)
+    return layer.out_proj(merge_heads(torch.cat(outs, dim=2)))  # (B, T, d)
+
+
+@_checker
+def check_kv_cache(cls: object) -> str:
+    """Chapter 7, build-it exercise: ``cache = cls()`` starts empty, and ``keys, values =
+    cache.append(k, v)``, for ``k`` and ``v`` of shape ``(B, H_kv, T_new, hd)``, returns every key
+    and value appended so far, ``(B, H_kv, T_so_far, hd)``. Checked by decoding with a
+    :class:`~selfattn.MultiHeadAttention` layer's projections and the reader's cache, against the
+    layer's causal forward over the whole sequence."""
+    layer = _seeded_layer(70, 12, n_heads=4, n_kv_heads=2)
+    x = torch.randn(2, 6, 12, generator=torch.Generator().manual_seed(71))  # (B, T, d)
+    runs = [("decoding one token at a time", [(t, t + 1) for t in range(6)]),
+            ("decoding a prompt of 3 tokens, then one at a time", [(0, 3), (3, 4), (4, 5), (5, 6)])]
+    with torch.no_grad():
+        want, _ = layer(x, is_causal=True)
+        for run, chunks in runs:
+            got = _decode(cls, layer, x, chunks, run)
+            if not _close(got, want):
+                raise NotYet(f"{run}, the output differs from the layer's causal forward by up to "
+                             f"{(got - want).abs().max():.3g}")
+    return ("decoding one token at a time, and after a prompt of 3 tokens, with your cache gives "
+            "the layer's causal forward (4 query heads sharing 2 key/value heads)")
+
+
+# --- chapter 9: the online softmax ------------------------------------------------------------
+
+def _softmax_unrescaled(scores: Tensor, block_size: int) -> Tensor:
+    """The online softmax that forgets to rescale its running sum when the maximum grows."""
+    m = torch.full((*scores.shape[:-1], 1), float("-inf"), dtype=scores.dtype)
+    total = torch.zeros_like(m)
+    for start in range(0, scores.shape[-1], block_size):
+        block = scores[..., start : start + block_size]
+        m = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        total = total + torch.exp(block - m).sum(dim=-1, keepdim=True)
+    return torch.exp(scores - m) / total
+
+
+def _softmax_per_block(scores: Tensor, block_size: int) -> Tensor:
+    """Each block normalised on its own."""
+    return torch.cat([torch.softmax(b, dim=-1) for b in scores.split(block_size, dim=-1)], dim=-1)
+
+
+def _online_softmax_case(fn: object, scores: Tensor, block_size: int, what: str,
+                         later_max: bool = False) -> None:
+    """``fn(scores, block_size)`` against torch.softmax. ``later_max``: the maximum is not in the
+    first block, and the cases where it is have passed already."""
+    before = scores.clone()
+    want = torch.softmax(scores, dim=-1)
+    got = _tensor(_call(fn, scores, block_size), want)
+    given = f"with block_size={block_size} and {scores.shape[-1]} columns ({what})"
+    if not _equal(scores, before):
+        raise NotYet("your function changed the scores in place; compute the weights in new tensors")
+    if _close(got, want):
+        return
+    if not torch.isfinite(got).all():
+        raise NotYet(f"{given}, your weights hold inf or NaN: exp overflows above about 88 in "
+                     "float32. Subtract the running maximum before exp, and multiply the running "
+                     "sum by exp(old max - new max) when the maximum grows")
+    hint = _first_match(got, [
+        (lambda: _softmax_per_block(scores, block_size), f"{given}, each block of weights sums to 1 "
+         "on its own: the normaliser is the sum over all the columns, so carry a running sum "
+         "from block to block"),
+        (lambda: _softmax_unrescaled(scores, block_size), f"{given}, the weights are wrong when a "
+         "later block holds a larger maximum: when the running maximum grows from m to m', the "
+         "running sum must be multiplied by exp(m - m')"),
+    ])
+    if hint:
+        raise NotYet(hint)
+    if later_max:
+        raise NotYet(f"{given}, your weights are wrong, though right when the first block holds the "
+                     "maximum: when the running maximum grows from m to m', the running sum "
+                     "must be multiplied by exp(m - m')")
+    raise NotYet(f"{given}, your weights differ from torch.softmax by up to "
+                 f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+
+
+@_checker
+def check_online_softmax(fn: object) -> str:
+    """Chapter 9, build-it exercise: ``fn(scores, block_size)`` is ``torch.softmax(scores,
+    dim=-1)`` for ``scores`` (..., S), computed by visiting ``block_size`` columns at a time with a
+    running maximum and a running sum. Checked with the maximum in the first block, then in a
+    later one, and with scores around 1000, where a plain exp overflows."""
+    g = torch.Generator().manual_seed(90)
+    first = torch.randn(4, 10, generator=g) * 2
+    first[:, 0] = first.amax(dim=-1) + 1  # the maximum in the first block: it never changes
+    for block_size in (3, 1, 10, 16):
+        _online_softmax_case(fn, first, block_size, "the maximum in the first column")
+    last = torch.randn(2, 3, 10, generator=g) * 2
+    last[..., -1] = last.amax(dim=-1) + 2  # the maximum in the last block
+    for block_size in (3, 1, 4):
+        _online_softmax_case(fn, last, block_size, "the maximum in the last column", later_max=True)
+    rising = torch.arange(7.0).expand(3, 7) + torch.randn(3, 7, generator=g) * 0.1
+    _online_softmax_case(fn, rising, 2, "a maximum that grows in every block", later_max=True)
+    large = 1000 + torch.randn(2, 3, 11, generator=g) * 3
+    for block_size in (3, 11, 1, 32):
+        _online_softmax_case(fn, large, block_size, "scores around 1000")
+    return ("one pass for the running maximum m and sum l (l rescaled by exp(m - m') whenever the "
+            "maximum grows), then exp(s - m) / l: torch.softmax, without overflow, block by block")

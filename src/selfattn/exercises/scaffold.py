@@ -1,0 +1,86 @@
+"""The steps every checker is built from: call the reader's code, check the answer's type and
+shape, report.
+
+A checker never raises: a reader's half-written answer (``None``, an exception inside their
+function) gets a short message, so a chapter always runs top to bottom. A check is written as
+``check(answer) -> success message`` that raises :class:`NotYet` with what is still wrong;
+:func:`_checker` turns it into the function the chapter calls, which prints the verdict and
+returns True or False.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from collections.abc import Callable
+
+import torch
+
+
+class NotYet(Exception):
+    """What is still wrong with an answer; its message is shown to the reader."""
+
+
+WIDTH = 84  # characters per printed line: the width of the book's code blocks
+
+
+def _report(ok: bool, message: str) -> bool:
+    lines = textwrap.wrap(("✓ Correct: " if ok else "✗ Not yet: ") + message, WIDTH,
+                          subsequent_indent="  ", break_long_words=False)
+    print("\n".join(lines))
+    return ok
+
+
+def _checker(check: Callable[..., str]) -> Callable[..., bool]:
+    """Turn ``check(*answers) -> success message`` (raising :class:`NotYet`) into a checker that
+    prints the verdict and returns True or False."""
+    def run(*answers: object) -> bool:
+        try:
+            return _report(True, check(*answers))
+        except NotYet as why:
+            return _report(False, str(why))
+
+    run.__name__, run.__qualname__, run.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    run.__module__ = check.__module__
+    return run
+
+
+def _call(fn: object, *args: object, kind: str = "function") -> object:
+    """The reader's ``fn(*args)``; any exception it raises becomes a message that names ``kind``
+    ("function", "class", "class's forward", ...)."""
+    if not callable(fn):
+        raise NotYet(f"expected a {kind}, got {type(fn).__name__}")
+    try:
+        return fn(*args)
+    except Exception as exc:  # the reader's code: report, never crash the chapter
+        shown = ", ".join(_short(a) for a in args)
+        raise NotYet(f"your {kind}, given ({shown}), raised {type(exc).__name__}: {exc}") from None
+
+
+def _short(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}" if isinstance(x, torch.nn.Module) else repr(x)
+
+
+def _number(answer: object) -> float:
+    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
+        raise NotYet(f"set the answer to a number, got {answer!r}")
+    return answer
+
+
+def _tensor(got: object, want: torch.Tensor) -> torch.Tensor:
+    """``got`` must be a tensor of ``want``'s shape."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise NotYet(f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
+    return got
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """``got`` equals ``want`` to within rounding, whatever dtype the reader computed in; NaN
+    never equals anything."""
+    try:
+        return torch.allclose(got.detach().to(want.dtype), want, atol=atol, rtol=rtol)
+    except (RuntimeError, TypeError):
+        return False

@@ -1,0 +1,326 @@
+"""The build-it checkers of selfattn.exercises: the solution a chapter shows folded passes, a blank
+answer fails without raising, and each typical mistake gets its own hint. The package keeps every
+checker at selfattn.exercises.check_*, and `import selfattn` still does not load it.
+
+Solutions are source text run the way tests/test_book.py runs a chapter's folded solution (in a
+namespace holding only torch and selfattn); each mistake is the solution with a few edits.
+"""
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import selfattn
+import selfattn.exercises as ex
+from selfattn.exercises import build, recall
+
+SOLUTIONS = {
+    "check_attention_layer": '''
+import math
+from torch import nn
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__()
+        self.W_q = nn.Linear(d_model, d_k, bias=False)
+        self.W_k = nn.Linear(d_model, d_k, bias=False)
+        self.W_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x):  # (B, T, d_model)
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)  # (B, T, d_k), (B, T, d_k), (B, T, d_v)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, T, T)
+        return torch.softmax(scores, dim=-1) @ v  # (B, T, d_v)
+
+answer = SelfAttention
+''',
+    "check_rope": '''
+def rope(x, positions):  # x (..., T, d), positions (T,)
+    d = x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, d, 2) / d)  # (d/2,): pair i turns by theta_i per position
+    angles = positions[:, None] * theta  # (T, d/2)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2): the pairs (x_2i, x_2i+1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out
+
+answer = rope
+''',
+    "check_split_heads": '''
+def split_heads(x, n_heads):  # (B, T, n_heads * hd)
+    B, T, width = x.shape
+    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, n_heads, T, hd)
+
+answer = split_heads
+''',
+    "check_multi_head_forward": '''
+def multi_head_forward(layer, x):  # x (B, T, d_model)
+    B, T, _ = x.shape
+    H = layer.config.n_heads
+
+    def split(t):  # (B, T, H * hd) -> (B, H, T, hd)
+        return t.view(B, T, H, -1).transpose(1, 2)
+
+    q, k, v = split(layer.q_proj(x)), split(layer.k_proj(x)), split(layer.v_proj(x))
+    out, _ = selfattn.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
+    return layer.out_proj(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
+
+answer = multi_head_forward
+''',
+    "check_kv_cache": '''
+class Cache:
+    def __init__(self):
+        self.keys = self.values = None
+
+    def append(self, k, v):  # (B, H_kv, T_new, hd) each
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)  # (B, H_kv, T_so_far, hd)
+            self.values = torch.cat([self.values, v], dim=2)
+        return self.keys, self.values
+
+answer = Cache
+''',
+    "check_online_softmax": '''
+def online_softmax(scores, block_size):  # (..., S)
+    shape = scores.shape[:-1] + (1,)
+    m = torch.full(shape, float("-inf"))  # the running maximum
+    l = torch.zeros(shape)  # the running sum of exp(s - m)
+    for start in range(0, scores.shape[-1], block_size):
+        block = scores[..., start : start + block_size]
+        m_new = torch.maximum(m, block.max(dim=-1, keepdim=True).values)
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(scores - m) / l  # (..., S)
+
+answer = online_softmax
+''',
+}
+
+BLANKS = {
+    "check_attention_layer": '''
+from torch import nn
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__()
+        self.W_q = nn.Linear(d_model, d_k, bias=False)
+        self.W_k = nn.Linear(d_model, d_k, bias=False)
+        self.W_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x):
+        return None  # your code here
+
+answer = SelfAttention
+''',
+    "check_kv_cache": '''
+class Cache:
+    def append(self, k, v):
+        return None  # your code here
+
+answer = Cache
+''',
+}
+
+# the online softmax without its maximum: right for small scores, inf / inf = NaN for large ones
+NO_MAX = [("l * torch.exp(m - m_new)", "l"), ("torch.exp(block - m_new)", "torch.exp(block)"),
+          ("torch.exp(scores - m)", "torch.exp(scores)")]
+
+# (checker, edits to its solution, a word the hint must hold)
+MISTAKES = [
+    ("check_attention_layer", [(" / math.sqrt(q.shape[-1])", "")], "forgot the scale"),
+    ("check_attention_layer", [("math.sqrt(q.shape[-1])", "math.sqrt(x.shape[-1])")], "sqrt(d_model)"),
+    ("check_attention_layer", [("dim=-1) @ v", "dim=1) @ v")], "over the queries"),
+    ("check_attention_layer", [("dim=-1) @ v", "dim=0) @ v")], "over the batch"),
+    ("check_attention_layer", [("self.W_v(x)", "self.W_k(x)")], "your values come from W_k"),
+    ("check_attention_layer", [("self.W_k(x)", "self.W_v(x)")], "your keys come from W_v"),
+    ("check_attention_layer", [("torch.softmax(scores, dim=-1) @ v", "scores @ v")], "no softmax"),
+    ("check_attention_layer", [("nn.Linear(d_model, d_v, bias=False)",
+                                "nn.Linear(d_model, d_k, bias=False)")], "W_v maps 12 features to 4"),
+    ("check_attention_layer", [("nn.Linear(d_model, d_k, bias=False)\n        self.W_k",
+                                "nn.Linear(d_model, d_k)\n        self.W_k")], "bias=False"),
+    ("check_attention_layer", [("self.W_q = nn.Linear", "self.query = nn.Linear")], "no attribute W_q"),
+    ("check_attention_layer", [("        super().__init__()\n", "")], "super().__init__()"),
+    ("check_attention_layer", [("@ v  # (B, T, d_v)", "@ v, scores")], "tuple"),
+    ("check_rope", [("x1 * cos - x2 * sin", "x1 * cos + x2 * sin"),
+                    ("x1 * sin + x2 * cos", "-x1 * sin + x2 * cos")], "other way"),
+    ("check_rope", [("x1, x2 = x[..., 0::2], x[..., 1::2]", "x1, x2 = x[..., : d // 2], x[..., d // 2 :]"),
+                    ("out[..., 0::2]", "out[..., : d // 2]"), ("out[..., 1::2]", "out[..., d // 2 :]")],
+     "pairs the halves"),
+    ("check_rope", [("torch.arange(0, d, 2) / d", "torch.arange(d // 2) / d")], "10000^(-i/d)"),
+    ("check_rope", [("torch.arange(0, d, 2) / d", "2 * torch.arange(0, d, 2) / d")], "10000^(-4i/d)"),
+    ("check_rope", [("-torch.arange(0, d, 2) / d", "torch.arange(0, d, 2) / d")], "minus sign"),
+    ("check_rope", [("x1 * sin + x2 * cos", "x1 * sin + x2 * sin")], "lengths"),
+    ("check_rope", [("positions[:, None]", "torch.arange(x.shape[-2])[:, None]")], "use the positions"),
+    ("check_rope", [("out = torch.empty_like(x)", "out = x")], "in place"),
+    ("check_split_heads", [("x.view(B, T, n_heads, width // n_heads).transpose(1, 2)",
+                            "x.view(B, n_heads, T, width // n_heads)")], "whole tokens"),
+    ("check_split_heads", [(".transpose(1, 2)", ".transpose(2, 3)")], "wrong order"),
+    ("check_split_heads", [(".transpose(1, 2)", ".transpose(0, 1)")], "wrong order"),
+    ("check_split_heads", [("x.view(B, T, n_heads, width // n_heads).transpose(1, 2)",
+                            "x.view(B, T, width // n_heads, n_heads).permute(0, 3, 1, 2)")], "interleaved"),
+    ("check_multi_head_forward", [("t.view(B, T, H, -1).transpose(1, 2)", "t.view(B, H, T, -1)")],
+     "split the heads by a plain reshape"),
+    ("check_multi_head_forward", [("out.transpose(1, 2).reshape(B, T, -1)", "out.reshape(B, T, -1)")],
+     "merge the heads by a plain reshape"),
+    ("check_multi_head_forward", [("t.view(B, T, H, -1).transpose(1, 2)", "t.view(B, H, T, -1)"),
+                                  ("out.transpose(1, 2).reshape(B, T, -1)", "out.reshape(B, T, -1)")],
+     "split the heads by a plain reshape to (B, H, T, hd), which puts whole tokens in one head (view as "
+     "(B, T, H, hd), then transpose(1, 2)), and merge"),
+    ("check_multi_head_forward", [("return layer.out_proj(out.transpose(1, 2).reshape(B, T, -1))",
+                                   "return out.transpose(1, 2).reshape(B, T, -1)")], "out_proj"),
+    ("check_multi_head_forward", [("H = layer.config.n_heads", "H = 1")], "one head of full width"),
+    ("check_multi_head_forward", [("(q, k, v)  #", "(q, k, v, scale=1 / x.shape[-1] ** 0.5)  #")],
+     "1/sqrt(d_model)"),
+    ("check_multi_head_forward", [("(q, k, v)  #", "(q, k, v, is_causal=True)  #")], "causal mask"),
+    ("check_kv_cache", [("return self.keys, self.values", "return k, v")], "only the new keys (1 of 2)"),
+    ("check_kv_cache", [("dim=2)", "dim=1)")], "grown along dim 1"),
+    ("check_kv_cache", [("dim=2)", "dim=-1)")], "grown along dim 3"),
+    ("check_kv_cache", [("self.keys = torch.cat", "self.keys.data = torch.cat")], "must not modify"),
+    ("check_kv_cache", [("return self.keys, self.values", "return self.values, self.keys")], "values first"),
+    ("check_online_softmax", NO_MAX, "inf or NaN"),
+    ("check_online_softmax", [("l * torch.exp(m - m_new)", "l")], "exp(m - m')"),
+    ("check_online_softmax", [("torch.exp(scores - m) / l", "scores.sub_(m).exp_() / l")], "in place"),
+]
+
+# mistakes written out in full, where edits to the solution would not read well
+WRITTEN = [
+    ("check_kv_cache", '''
+class Cache:
+    keys, values = [], []  # class attributes: shared by every cache
+
+    def append(self, k, v):
+        self.keys.append(k)
+        self.values.append(v)
+        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
+
+answer = Cache
+''', "class attribute"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):
+    blocks = scores.split(block_size, dim=-1)
+    return torch.cat([torch.exp(b - b.max(-1, keepdim=True).values)
+                      / torch.exp(b - b.max(-1, keepdim=True).values).sum(-1, keepdim=True)
+                      for b in blocks], dim=-1)
+
+answer = online_softmax
+''', "on its own"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # no rescaling, and the maximum started at 0, not -inf
+    m = torch.zeros(scores.shape[:-1] + (1,))
+    l = torch.zeros(scores.shape[:-1] + (1,))
+    for start in range(0, scores.shape[-1], block_size):
+        block = scores[..., start : start + block_size]
+        m = torch.maximum(m, block.max(dim=-1, keepdim=True).values)
+        l = l + torch.exp(block - m).sum(dim=-1, keepdim=True)
+    return torch.exp(scores - m) / l
+
+answer = online_softmax
+''', "right when the first block holds the maximum"),
+]
+
+
+def run(code):
+    """The ``answer`` that ``code`` defines, run as test_book runs a chapter's folded solution."""
+    ns = {"torch": torch, "selfattn": selfattn}
+    exec(textwrap.dedent(code), ns)
+    return ns["answer"]
+
+
+def edited(name, edits):
+    code = SOLUTIONS[name]
+    for old, new in edits:
+        assert old in code, (name, old)
+        code = code.replace(old, new)
+    return code
+
+
+def verdict(capsys, name, answer):
+    """(what the checker returned, the verdict it printed, joined into one line)."""
+    capsys.readouterr()
+    ok = getattr(ex, name)(answer)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines and lines[0].startswith(("✓ Correct: ", "✗ Not yet: ")), out
+    assert all(len(line) <= ex.scaffold.WIDTH for line in lines), out  # fits a code block
+    assert all(line.startswith("  ") for line in lines[1:]), out  # one verdict, wrapped
+    return ok, " ".join(line.strip() for line in lines) + "\n"
+
+
+@pytest.mark.parametrize("name", SOLUTIONS)
+def test_the_solution_passes(name, capsys):
+    ok, out = verdict(capsys, name, run(SOLUTIONS[name]))
+    assert ok is True, out
+    assert out.startswith("✓ Correct: ")
+
+
+@pytest.mark.parametrize("name", SOLUTIONS)
+@pytest.mark.parametrize("blank", ["none", "returns_none", "raises"])
+def test_a_blank_answer_fails_without_raising(name, blank, capsys):
+    if blank == "none":
+        answer = None
+    elif blank == "returns_none":
+        answer = run(BLANKS.get(name, "def answer(*args):\n    return None\n"))
+    else:
+        answer = run("def answer(*args):\n    raise NotImplementedError('your code here')\n")
+    ok, out = verdict(capsys, name, answer)
+    assert ok is False
+    assert out.startswith("✗ Not yet: ")
+    assert "raised NotImplementedError" in out if blank == "raises" else "raised" not in out
+
+
+@pytest.mark.parametrize(("name", "edits", "hint"), MISTAKES,
+                         ids=[f"{m[0]}-{m[2][:30]}" for m in MISTAKES])
+def test_a_typical_mistake_gets_its_hint(name, edits, hint, capsys):
+    ok, out = verdict(capsys, name, run(edited(name, edits)))
+    assert ok is False
+    assert hint in out, out
+
+
+@pytest.mark.parametrize(("name", "code", "hint"), WRITTEN, ids=[f"{m[0]}-{m[2][:30]}" for m in WRITTEN])
+def test_a_typical_mistake_written_out_gets_its_hint(name, code, hint, capsys):
+    ok, out = verdict(capsys, name, run(code))
+    assert ok is False
+    assert hint in out, out
+
+
+def test_without_the_maximum_only_large_scores_show_the_mistake():
+    no_max = run(edited("check_online_softmax", NO_MAX))
+    small = torch.randn(3, 10)
+    assert torch.allclose(no_max(small, 3), torch.softmax(small, dim=-1))
+    assert no_max(small + 1000, 3).isnan().all()
+
+
+@pytest.mark.parametrize("name", SOLUTIONS)
+def test_a_checker_leaves_the_global_random_state_alone(name, capsys):
+    state = torch.random.get_rng_state()
+    getattr(ex, name)(run(SOLUTIONS[name]))
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_every_check_is_selfattn_exercises_check_and_documented():
+    public = {name for module in (recall, build) for name, obj in vars(module).items()
+              if name.startswith("check_") and inspect.isfunction(obj)}
+    assert {"check_merge_heads", "check_attention", "check_rope_turn", *SOLUTIONS} <= public
+    assert public | {"NotYet"} == set(ex.__all__)
+    for name in public:
+        assert getattr(selfattn.exercises, name) is getattr(ex, name)
+        assert getattr(ex, name).__doc__.startswith("Chapter")
+    for name in SOLUTIONS:
+        assert "build-it exercise" in getattr(ex, name).__doc__.split(":")[0]
+    assert issubclass(selfattn.exercises.NotYet, Exception)
+
+
+def test_importing_selfattn_does_not_import_the_exercises():
+    code = "import selfattn, sys; print('selfattn.exercises' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    code = "import selfattn; selfattn.exercises.check_rope; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"
