@@ -182,3 +182,65 @@ def test_train_seeds_needs_a_seed():
     with pytest.raises(ValueError, match="at least one seed"):
         train.train_seeds(lambda: TAGGERS["window"](20, 6), data.tagging_task(10, seq_len=12),
                           seeds=[])
+
+
+def test_decoy_cues_sit_after_the_word_and_never_decide():
+    d = data.tagging_task(300, seq_len=12, n_cues=3, decoys=2, seed=6)
+    for i in range(len(d)):
+        words = d.tokens[i].tolist()
+        amb = words.index(0)
+        cues = [j for j, w in enumerate(words) if 1 <= w <= 3]
+        before = [j for j in cues if j < amb]
+        assert len(before) == 1 and len(cues) == 3  # one deciding cue, two decoys after the word
+        assert d.tags[i, amb] == words[before[0]] - 1
+        assert all(words[j] != words[before[0]] for j in cues if j > amb)  # decoys differ
+        assert all(d.tags[i, j] == 3 + words[j] - 1 for j in cues)  # cues keep their own tags
+    with pytest.raises(ValueError, match="decoys"):
+        data.tagging_task(5, seq_len=12, decoys=-1)
+    with pytest.raises(ValueError, match="seq_len - 1 - decoys"):
+        data.tagging_task(5, seq_len=12, max_distance=11, decoys=1)
+
+
+def test_the_mean_pool_tagger_sees_every_word_but_not_where_it_is():
+    torch.manual_seed(0)
+    model = models.MeanPoolTagger(20, 6, d=8)
+    tokens = torch.randint(0, 20, (3, 9))
+    perm = torch.randperm(9)
+    torch.testing.assert_close(model(tokens[:, perm]), model(tokens)[:, perm])  # order-blind
+    far = tokens.clone()
+    far[:, 0] = (far[:, 0] + 1) % 20  # a change at one end reaches the other end
+    assert not torch.allclose(model(far)[:, -1], model(tokens)[:, -1])
+
+
+def test_snapshots_hold_the_weights_along_the_way_in_both_trainers():
+    task = data.tagging_task(100, seq_len=12, seed=3)
+
+    def make():
+        return TAGGERS["attention"](task.vocab_size, task.n_tags)
+
+    batched, histories = train.train_seeds(make, task, seeds=[1, 2], steps=6, batch_size=8,
+                                           progress=False, snapshot_every=4)
+    torch.manual_seed(1)
+    alone = make()
+    initial = {k: v.clone() for k, v in alone.state_dict().items()}
+    history = train.train(alone, task, steps=6, batch_size=8, seed=1, progress=False,
+                          snapshot_every=4)
+    for h in (histories[0], history):
+        assert [step for step, _ in h.snapshots] == [0, 4, 6]
+    for name, value in initial.items():  # step 0 is the initial model, the last the trained one
+        torch.testing.assert_close(history.snapshots[0][1][name], value)
+        torch.testing.assert_close(histories[0].snapshots[0][1][name], value)
+    for name, value in alone.state_dict().items():
+        torch.testing.assert_close(history.snapshots[-1][1][name], value)
+        torch.testing.assert_close(histories[0].snapshots[-1][1][name], value, rtol=1e-4, atol=1e-4)
+    restored = make()
+    restored.load_state_dict(histories[1].snapshots[-1][1])
+    for a, b in zip(restored.parameters(), batched[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_seed_table_shows_mean_spread_and_every_seed():
+    table = train.seed_table({"a": [0.5, 1.0], "longer name": [0.25, 0.25, 0.25]})
+    lines = table.splitlines()
+    assert "75.0% (50.0%..100.0%)  50.0% 100.0%" in lines[1]
+    assert lines[2].startswith("longer name") and "25.0% (25.0%..25.0%)" in lines[2]

@@ -64,23 +64,33 @@ def tagging_task(
     n_cues: int = 4,
     vocab_size: int = 32,
     n_filler_tags: int = 4,
+    decoys: int = 0,
     seed: int = 0,
 ) -> TaggingData:
     """Generate ``n`` sequences of the distance-cue tagging task.
 
     The cue sits ``distance`` tokens left of the ambiguous word, ``distance`` uniform in
-    ``[min_distance, max_distance]`` (default: up to ``seq_len - 1``, the whole sequence); the
-    ambiguous word's position is uniform among those that leave room for the cue. The same seed
-    always gives the same data.
+    ``[min_distance, max_distance]`` (default: as far as the sequence allows); the ambiguous
+    word's position is uniform among those that leave room for the cue (and the decoys).
+    ``decoys``: that many other cue words, each a different cue from the deciding one, placed
+    *after* the ambiguous word; only the cue before it decides. A model that sees every word but
+    not where it is (a bag of words) cannot tell which cue decides. The same seed always gives the
+    same data.
     """
     check_positive_int(n, "n")
     check_positive_int(seq_len, "seq_len")
     check_positive_int(n_cues, "n_cues")
-    max_distance = seq_len - 1 if max_distance is None else max_distance
-    if not 1 <= min_distance <= max_distance <= seq_len - 1:
+    if isinstance(decoys, bool) or not isinstance(decoys, int) or decoys < 0:
+        raise ValueError(f"decoys must be a non-negative int, got {decoys!r}")
+    if decoys and n_cues < 2:
+        raise ValueError("decoys need at least two cue words (a decoy differs from the cue)")
+    longest = seq_len - 1 - decoys  # leave room for the decoys after the ambiguous word
+    max_distance = longest if max_distance is None else max_distance
+    if not 1 <= min_distance <= max_distance <= longest:
         raise ValueError(
-            f"need 1 <= min_distance <= max_distance <= seq_len - 1, got min_distance="
-            f"{min_distance}, max_distance={max_distance}, seq_len={seq_len}"
+            f"need 1 <= min_distance <= max_distance <= seq_len - 1 - decoys = {longest}, got "
+            f"min_distance={min_distance}, max_distance={max_distance}, seq_len={seq_len}, "
+            f"decoys={decoys}"
         )
     first_filler = n_cues + 1
     if vocab_size <= first_filler:
@@ -89,14 +99,23 @@ def tagging_task(
     tokens = torch.randint(first_filler, vocab_size, (n, seq_len), generator=g)  # (N, T)
     tags = 2 * n_cues + tokens % n_filler_tags  # (N, T)
     distance = torch.randint(min_distance, max_distance + 1, (n,), generator=g)  # (N,)
-    # the ambiguous word sits at distance + u, u uniform in [0, seq_len - 1 - distance]
-    position = distance + (torch.rand(n, generator=g) * (seq_len - distance)).long()  # (N,)
+    # the ambiguous word sits at distance + u, u uniform in [0, seq_len - 1 - decoys - distance]
+    position = distance + (torch.rand(n, generator=g) * (seq_len - decoys - distance)).long()  # (N,)
     cue = torch.randint(1, n_cues + 1, (n,), generator=g)  # (N,) which cue word
     rows = torch.arange(n)
     tokens[rows, position - distance] = cue
     tags[rows, position - distance] = n_cues + cue - 1
     tokens[rows, position] = AMBIGUOUS
     tags[rows, position] = cue - 1
+    if decoys:
+        at = torch.arange(seq_len)  # a random order of the positions after the word:
+        allowed = at > position[:, None]  # (N, T)
+        order = torch.rand(n, seq_len, generator=g).masked_fill(~allowed, -1.0)
+        spots = order.topk(decoys, dim=1).indices  # (N, decoys)
+        shift = torch.randint(1, n_cues, (n, decoys), generator=g)  # never the deciding cue
+        decoy = (cue[:, None] - 1 + shift) % n_cues + 1  # (N, decoys)
+        tokens.scatter_(1, spots, decoy)
+        tags.scatter_(1, spots, n_cues + decoy - 1)
     return TaggingData(tokens, tags, vocab_size, 2 * n_cues + n_filler_tags, position, distance,
                        n_cues)
 

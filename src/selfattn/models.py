@@ -2,7 +2,8 @@
 
 Chapter 1 trains one of each on the distance-cue task (:func:`selfattn.data.tagging_task`) to
 measure how far each can look: a windowed fully-connected layer, a stack of 1-D convolutions, a
-bidirectional GRU, and one layer of self-attention with positional encoding.
+bidirectional GRU, an average over the whole sequence (attention with equal weights, the
+control), and one layer of self-attention with positional encoding.
 """
 
 from __future__ import annotations
@@ -80,6 +81,28 @@ class RNNTagger(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         h, _ = self.rnn(self.embed(tokens))  # (B, T, 2 * hidden)
         return self.out(h)  # (B, T, n_tags)
+
+
+class MeanPoolTagger(nn.Module):
+    """The control for attention: the same layer shape, with every attention weight equal.
+
+    Each token adds the **average** of every token's value vector (uniform weights ``1 / T``, a
+    bag of words that sees the whole sequence but neither order nor which token matters), then
+    the same residual and MLP as :class:`AttentionTagger`. What attention adds over this is
+    weights that depend on the content and the positions.
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)  # (B, T, d)
+        pooled = self.out_proj(self.v_proj(x).mean(dim=1, keepdim=True))  # (B, 1, d): uniform
+        return self.mlp(x + pooled)  # (B, T, n_tags)
 
 
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")

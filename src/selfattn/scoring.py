@@ -106,9 +106,15 @@ def attention(
 
 class ScoredSelfAttention(nn.Module):
     """One head of self-attention whose scorer is chosen by name: ``"dot"`` (no scale),
-    ``"scaled_dot"`` or ``"additive"``. Holds $W^q, W^k, W^v$. Called like
-    :class:`~selfattn.MultiHeadAttention` on ``x`` (B, T, d): returns ``(output, weights)``, the
-    weights ``(B, 1, T, T)`` (one head) when ``need_weights``, else None."""
+    ``"scaled_dot"`` or ``"additive"``. Called like :class:`~selfattn.MultiHeadAttention` on
+    ``x`` (B, T, d): returns ``(output, weights)``, the weights ``(B, 1, T, T)`` (one head) when
+    ``need_weights``, else None.
+
+    The dot-product heads hold $W^q$, $W^k$ (with biases) and score the projections; the additive
+    head scores ``x`` itself, its own $W_q$, $W_k$ being the projections, so that no two linear
+    maps are stacked. With ``hidden = d_model`` (the default) the two kinds have exactly as many
+    parameters: $2(d^2 + d)$ for the scores, and $W^v$ for the values.
+    """
 
     SCORERS = ("dot", "scaled_dot", "additive")
 
@@ -117,19 +123,22 @@ class ScoredSelfAttention(nn.Module):
         if scorer not in self.SCORERS:
             raise ValueError(f"scorer must be one of {self.SCORERS}, got {scorer!r}")
         self.scorer_name = scorer
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
+        if scorer == "additive":
+            self.additive = AdditiveScorer(d_model, d_model, hidden or d_model)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
-        self.additive = AdditiveScorer(d_model, d_model, hidden or d_model) if scorer == "additive" else None
 
-    def score(self, query: Tensor, key: Tensor) -> Tensor:
-        if self.additive is not None:
-            return self.additive(query, key)
-        return dot_scores(query, key) if self.scorer_name == "dot" else scaled_dot_scores(query, key)
+    def score(self, x: Tensor) -> Tensor:
+        """The ``(B, T, T)`` scores of ``x`` (B, T, d) against itself."""
+        if self.scorer_name == "additive":
+            return self.additive(x, x)  # w^T tanh(W_q x_i + W_k x_j)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, d) each
+        return dot_scores(q, k) if self.scorer_name == "dot" else scaled_dot_scores(q, k)
 
     def forward(self, x: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, d) each
-        out, weights = attention(q, k, v, scorer=self.score, attn_mask=attn_mask,
-                                 is_causal=is_causal)  # (B, T, d), (B, T, T)
+        out, weights = attention(x, x, self.v_proj(x), scorer=lambda q, k: self.score(q),
+                                 attn_mask=attn_mask, is_causal=is_causal)  # (B, T, d), (B, T, T)
         return out, weights.unsqueeze(1) if need_weights else None  # (B, 1, T, T): one head

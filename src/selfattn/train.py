@@ -23,9 +23,11 @@ from .data import Sequences, TaggingData
 
 @dataclass
 class History:
-    """What happened during training: the loss of every step."""
+    """What happened during training: the loss of every step, and if asked for, the weights
+    every few steps (``snapshots``: (step, state_dict) pairs, the first at step 0)."""
 
     loss: list[float] = field(default_factory=list)
+    snapshots: list[tuple[int, dict[str, Tensor]]] = field(default_factory=list)
 
 
 def train(
@@ -37,19 +39,23 @@ def train(
     seed: int = 0,
     progress: bool = True,
     desc: str = "training",
+    snapshot_every: int | None = None,
 ) -> History:
     """Train ``model`` to predict ``data.tags`` from ``data.tokens`` with Adam and cross-entropy.
 
     Batches are drawn with a generator seeded by ``seed``, so the same seed and the same initial
     weights give the same model. Shows a tqdm bar unless ``progress=False``. Leaves the model in
-    ``eval()`` mode.
+    ``eval()`` mode. ``snapshot_every``: keep a copy of the weights every that many steps (and
+    at the start and the end) in ``History.snapshots``, to measure how training went.
     """
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     history = History()
     model.train()
-    for _ in _steps(steps, desc, progress):
+    for step in _steps(steps, desc, progress):
+        if snapshot_every and step % snapshot_every == 0:
+            history.snapshots.append((step, _copy(model.state_dict())))
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         tokens, tags = data.tokens[idx].to(device), data.tags[idx].to(device)
         logits = model(tokens)  # (B, T, n_tags)
@@ -58,8 +64,21 @@ def train(
         loss.backward()
         opt.step()
         history.loss.append(loss.item())
+    if snapshot_every:
+        history.snapshots.append((steps, _copy(model.state_dict())))
     model.eval()
     return history
+
+
+def _snapshot(histories: list[History], step: int, params: dict, buffers: dict,
+              keys: set[str]) -> None:
+    stacked = {name: t for name, t in {**params, **buffers}.items() if name in keys}
+    for i, history in enumerate(histories):  # seed i's slice of every stacked tensor
+        history.snapshots.append((step, {name: t[i].detach().clone() for name, t in stacked.items()}))
+
+
+def _copy(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {name: t.detach().clone() for name, t in state.items()}
 
 
 def _steps(steps: int, desc: str, progress: bool):
@@ -78,6 +97,7 @@ def train_seeds(
     lr: float = 3e-3,
     progress: bool = True,
     desc: str = "training",
+    snapshot_every: int | None = None,
 ) -> tuple[list[nn.Module], list[History]]:
     """One model per seed, trained side by side: ``torch.manual_seed(seed); make_model()``, then
     :func:`train` with that ``seed``, for every seed, as one batched computation.
@@ -85,8 +105,10 @@ def train_seeds(
     The models' weights are stacked along a new first axis (``torch.func.stack_module_state``) and
     the forward pass is ``vmap``-ed over it, each seed with its own batch, so one optimiser step
     moves every model. Adam works element by element, so these are the separate trainings, up to
-    floating-point rounding (tested). Returns the trained models (in ``eval()`` mode) and their
-    loss histories.
+    floating-point rounding (tested). ``snapshot_every`` keeps each seed's weights every that
+    many steps, as in :func:`train`. Recurrent layers (``nn.GRU``, ...), whose fused kernels
+    cannot be batched this way, are trained one seed after the other. Returns the trained models
+    (in ``eval()`` mode) and their histories.
     """
     from torch.func import functional_call, stack_module_state, vmap
 
@@ -96,9 +118,16 @@ def train_seeds(
     for seed in seeds:
         torch.manual_seed(seed)
         models.append(make_model())
+    if any(isinstance(m, nn.RNNBase) for m in models[0].modules()):
+        # PyTorch's fused recurrent kernels have no batching rule: one seed after the other
+        histories = [train(model, data, steps, batch_size, lr, seed, progress,
+                           f"{desc}, seed {seed}", snapshot_every)
+                     for model, seed in zip(models, seeds, strict=True)]
+        return models, histories
     device = next(models[0].parameters()).device
     params, buffers = stack_module_state(models)  # name -> (n_seeds, *shape)
     skeleton = copy.deepcopy(models[0]).to("meta")  # the structure, without storage
+    keys = set(models[0].state_dict())  # what a snapshot keeps: the persistent state
 
     def loss_of(p: dict, b: dict, tokens: Tensor, tags: Tensor) -> Tensor:
         logits = functional_call(skeleton, (p, b), (tokens,))  # (B, T, n_tags)
@@ -111,7 +140,9 @@ def train_seeds(
     skeleton.train()
     with warnings.catch_warnings():  # a fused kernel without a batching rule runs once per seed
         warnings.filterwarnings("ignore", message=".*batching rule.*")
-        for _ in _steps(steps, desc, progress):
+        for step in _steps(steps, desc, progress):
+            if snapshot_every and step % snapshot_every == 0:
+                _snapshot(histories, step, params, buffers, keys)
             idx = torch.stack([torch.randint(0, len(data), (batch_size,), generator=g)
                                for g in generators])  # (n_seeds, batch_size)
             losses = batched_loss(params, buffers, data.tokens[idx].to(device),
@@ -121,6 +152,8 @@ def train_seeds(
             opt.step()
             for history, loss in zip(histories, losses.tolist(), strict=True):
                 history.loss.append(loss)
+    if snapshot_every:
+        _snapshot(histories, steps, params, buffers, keys)
     with torch.no_grad():
         for i, model in enumerate(models):
             for name, p in model.named_parameters():
@@ -148,3 +181,18 @@ def accuracy_by_distance(model: nn.Module, data: TaggingData) -> dict[int, float
     """Accuracy on the ambiguous word, for each cue distance present in ``data``."""
     correct = ambiguous_correct(model, data).float()
     return {int(k): correct[data.distance == k].mean().item() for k in data.distance.unique()}
+
+
+def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent: bool = True) -> str:
+    """A text table of one number per seed for each arm of an experiment: the mean, the spread
+    (lowest to highest) and every seed's value, so a reader sees how much seeds disagree."""
+    def fmt(x: float) -> str:
+        return f"{x:.1%}" if percent else f"{x:.3f}"
+
+    width = max(len(arm) for arm in results)
+    lines = [f"{'':{width}s}  {what}: mean (lowest..highest)  per seed"]
+    for arm, values in results.items():
+        mean = sum(values) / len(values)
+        lines.append(f"{arm:{width}s}  {fmt(mean):>8s} ({fmt(min(values))}..{fmt(max(values))})  "
+                     + " ".join(fmt(v) for v in values))
+    return "\n".join(lines)
