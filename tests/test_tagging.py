@@ -242,5 +242,28 @@ def test_snapshots_hold_the_weights_along_the_way_in_both_trainers():
 def test_seed_table_shows_mean_spread_and_every_seed():
     table = train.seed_table({"a": [0.5, 1.0], "longer name": [0.25, 0.25, 0.25]})
     lines = table.splitlines()
-    assert "75.0% (50.0%..100.0%)  50.0% 100.0%" in lines[1]
-    assert lines[2].startswith("longer name") and "25.0% (25.0%..25.0%)" in lines[2]
+    assert lines[0] == "accuracy, over 3 seeds:"
+    assert "75.0% (50.0%..100.0%)  50.0% 100.0%" in lines[2]
+    assert lines[3].startswith("longer name") and "25.0% (25.0%..25.0%)" in lines[3]
+
+
+def test_the_order_blind_ceiling_by_hand_and_against_a_brute_force_guess():
+    # tokens: filler 9, cue 1, filler, cue 2, cue 1, filler -> positions and what a bag can know
+    task = data.Sequences(torch.tensor([[9, 1, 9, 2, 1, 9]]), torch.zeros(1, 6, dtype=torch.long), 10, 5)
+    # 9: none yet (1); 1: itself (1); 9: only c1 seen (1); 2: itself; 1: itself; 9: {c1: 2, c2: 1} -> 2/3
+    assert data.order_blind_accuracy(task, n_cues=4) == pytest.approx((5 + 2 / 3) / 6)
+    # on real data, it is an upper bound for a guess that ignores order: most frequent earlier cue
+    real = data.recent_cue_task(300, seq_len=24, seed=2)
+    guess_right = 0
+    for tokens, tags in zip(real.tokens.tolist(), real.tags.tolist(), strict=True):
+        counts = [0] * 5
+        for token, tag in zip(tokens, tags, strict=True):
+            if 1 <= token <= 4:
+                counts[token] += 1
+                guess = token - 1
+            elif sum(counts):
+                guess = max(range(1, 5), key=lambda c: counts[c]) - 1
+            else:
+                guess = 4
+            guess_right += guess == tag
+    assert guess_right / real.tokens.numel() <= data.order_blind_accuracy(real) + 0.01

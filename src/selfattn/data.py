@@ -125,8 +125,8 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
 
     The tag of position ``t`` is ``left * (vocab_size + 1) + right``, where ``left`` is the token
     at ``t - 1`` and ``right`` the token at ``t + 1`` (``vocab_size`` stands for "no neighbour"
-    at either end). One attention head can look left and another right: chapter 6 trains a
-    two-head model on it and watches the heads specialise.
+    at either end). One attention head can look left and another right: chapter 6 trains
+    models with one, two and four heads on it and watches the heads specialise.
     """
     check_positive_int(n, "n")
     if seq_len < 2:
@@ -169,3 +169,22 @@ def recent_cue_task(n: int, seq_len: int = 32, n_cues: int = 4, cue_rate: float 
     last_cue = tokens.gather(1, latest.clamp(min=0))  # (N, T)
     tags = torch.where(latest >= 0, last_cue - 1, n_cues)  # (N, T)
     return Sequences(tokens, tags, vocab_size, n_cues + 1)
+
+
+def order_blind_accuracy(task: Sequences, n_cues: int = 4) -> float:
+    """The best accuracy on :func:`recent_cue_task` of a tagger that knows which cues came
+    before each token, and how often, but not in what order (the ceiling for a model without
+    positions).
+
+    A cue tags itself and a token before the first cue is tagged "none", both always right;
+    otherwise the most recent cue is any earlier cue with a chance proportional to how often it
+    occurred, so the best guess is the most frequent one, right with probability
+    (its count) / (cues so far). Returns the expected accuracy over every token of ``task``.
+    """
+    tokens = task.tokens
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (N, T)
+    counts = torch.stack([((tokens == c) & is_cue).cumsum(1) for c in range(1, n_cues + 1)])
+    seen = counts.sum(0)  # (N, T): cues at or before t
+    best = counts.max(0).values  # (N, T): the most frequent one's count
+    p_right = torch.where(is_cue | (seen == 0), 1.0, best / seen.clamp(min=1))
+    return p_right.mean().item()

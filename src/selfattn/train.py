@@ -190,7 +190,8 @@ def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent:
         return f"{x:.1%}" if percent else f"{x:.3f}"
 
     width = max(len(arm) for arm in results)
-    lines = [f"{'':{width}s}  {what}: mean (lowest..highest)  per seed"]
+    lines = [f"{what}, over {max(len(v) for v in results.values())} seeds:",
+             f"{'':{width}s}  mean (lowest..highest)  per seed"]
     for arm, values in results.items():
         mean = sum(values) / len(values)
         lines.append(f"{arm:{width}s}  {fmt(mean):>8s} ({fmt(min(values))}..{fmt(max(values))})  "

@@ -1,0 +1,552 @@
+r"""The book's schematic diagrams: data-flow pictures drawn with matplotlib, labelled by the code.
+
+Every label is computed from the arguments (a layer's config, the head counts, the output of
+:func:`~selfattn.positional.apply_rope`), so a change in the code cannot leave a stale picture.
+Each function returns a :class:`Diagram`: a ``matplotlib.figure.Figure`` (made without pyplot)
+and an ``alt`` text for screen readers. Jupyter, Colab and the built book show it as a PNG with
+its alt text; it fits the page (``viz.PAGE_WIDTH`` inches at 100 dpi, text at least 7 pt).
+
+* :func:`one_output`: how self-attention computes one output $b^1$ (chapter 2).
+* :func:`matrix_form`: the same for every token at once, with the matrices' shapes (chapter 2).
+* :func:`multi_head`: split heads, attend per head, merge heads, ``out_proj`` (chapter 6).
+* :func:`kv_heads`: which key/value head each query head reads in MHA, GQA and MQA (chapter 7).
+* :func:`rope_rotation`: RoPE turning one pair of features by position (chapter 5).
+* :func:`online_softmax_tiles`: the tiles FlashAttention's online softmax walks (chapter 9).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import torch
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Arc, Circle, FancyBboxPatch, Polygon
+from PIL import Image
+
+from .masks import causal_mask
+from .multihead import AttentionConfig, MultiHeadAttention
+from .positional import apply_rope
+from .viz import PAGE_WIDTH
+
+DPI = 100  # the book shows a notebook's PNG at 100 dpi, full size up to PAGE_WIDTH inches
+PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 pt (scripts at 7)
+INK = "#222222"
+_TAB = colormaps["tab10"].colors
+Q, K, V, OUT, GREY = _TAB[0], _TAB[1], _TAB[2], _TAB[4], _TAB[7]
+MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
+
+
+class Diagram:
+    """A schematic figure and its alt text; shown by Jupyter, Colab and the book as one
+    ``<img alt=...>`` (HTML only: a PNG output beside it would store the picture twice)."""
+
+    def __init__(self, figure: Figure, alt: str) -> None:
+        self.figure = figure
+        self.alt = alt
+        self._png: bytes | None = None
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes at 100 dpi, opaque white behind, in 256 colours (a diagram has
+        few; this makes the file three times smaller, and the same bytes on every run)."""
+        if self._png is None:
+            buf = io.BytesIO()
+            self.figure.savefig(buf, format="png", dpi=DPI, facecolor="white")
+            image = Image.open(buf).convert("RGB").quantize(256, dither=Image.Dither.NONE)
+            buf = io.BytesIO()
+            image.save(buf, format="png", optimize=True)
+            self._png = buf.getvalue()
+        return self._png
+
+    def _repr_html_(self) -> str:
+        png = self.png()
+        width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width, then height
+        data = base64.b64encode(png).decode("ascii")
+        return (f'<img class="selfattn-diagram" src="data:image/png;base64,{data}" '
+                f'alt="{html.escape(self.alt)}" width="{width}">')
+
+    def __repr__(self) -> str:
+        return f"Diagram(alt={self.alt!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# drawing helpers: one axes over the whole figure, in inches from its bottom-left corner
+
+
+def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.set_axis_off()
+    return fig, ax
+
+
+def _tint(color, amount: float = 0.18) -> tuple[float, float, float]:
+    return tuple(1 - amount * (1 - c) for c in to_rgb(color))
+
+
+def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
+         size: float = PT, family: str | None = None, fill=None, gid: str | None = None):
+    """A rounded box centred at ``(x, y)``, ``w`` by ``h`` inches, with ``text`` in the middle."""
+    r = min(0.06, w / 4, h / 4)
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={r}",
+                                facecolor=_tint(color) if fill is None else fill, edgecolor=color,
+                                linewidth=1.1, gid=gid))
+    if text:
+        ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK, family=family)
+
+
+def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
+           lw: float = 1.0) -> None:
+    ax.annotate("", xy=end, xytext=start, arrowprops={
+        "arrowstyle": "-|>,head_length=0.45,head_width=0.2", "color": color, "lw": lw,
+        "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
+
+
+def _text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
+    kw.setdefault("color", INK)
+    kw.setdefault("va", "center")
+    ax.text(x, y, s, fontsize=size, **kw)
+
+
+def _positive_int(value: object, name: str, most: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} = {value} is too many to draw legibly; at most {most}")
+    return value
+
+
+def _shape(*dims: int) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 2
+
+
+def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")) -> Diagram:
+    r"""How self-attention computes the first output $b^1$ from the inputs $a^1 \dots a^n$
+    (one input per token, at most 6): $q^1 = W^q a^1$; $k^i = W^k a^i$, $v^i = W^v a^i$;
+    $\alpha_{1,i} = q^1 \cdot k^i / \sqrt{d_k}$; $\alpha'_{1,i} = \operatorname{softmax}_i$;
+    $b^1 = \sum_i \alpha'_{1,i} v^i$ (Vaswani et al. 2017, §3.2.1)."""
+    if isinstance(tokens, str):
+        raise ValueError("tokens must be a sequence of words, e.g. 'the cat sat'.split(), not one str")
+    tokens = list(tokens)
+    n = len(tokens)
+    if not 1 <= n <= 6:
+        raise ValueError(f"tokens must hold 1 to 6 words to fit the page, got {n}")
+    W, H, left = PAGE_WIDTH, 4.2, 1.55  # captions on the left, q^1 then one column per token
+    x_q, x0 = left + 0.25, left + 0.6
+    cw = min((W - x0 - 0.05) / n, 1.1)  # a column per token
+    longest = max(int(cw / 0.07), 3)
+    for t in tokens:
+        if not isinstance(t, str) or not t.strip() or len(t) > longest:
+            raise ValueError(f"each token must be a non-empty str of at most {longest} characters "
+                             f"(for {n} tokens), got {t!r}")
+    y_tok, y_a, y_kv, y_bus, y_s, y_soft, y_w, y_b = 0.2, 0.55, 1.35, 1.8, 2.2, 2.7, 3.2, 3.85
+    bh, bw, vw = 0.3, min(0.45, 0.45 * cw), min(0.4, 0.33 * cw)  # widths: key and scores, value
+    fig, ax = _canvas(W, H)
+    for y, caption in [(y_a, "inputs $a^i$"), (y_kv, "$q^1 = W^q a^1$\n$k^i = W^k a^i$, $v^i = W^v a^i$"),
+                       (y_s, r"scores $\alpha_{1,i}$" "\n" r"$= q^1\cdot k^i / \sqrt{d_k}$"),
+                       (y_soft, "softmax over $i$"), (y_w, r"weights $\alpha'_{1,i}$, times $v^i$"),
+                       (y_b, "output")]:
+        _text(ax, 0.05, y, caption, size=10, linespacing=1.5)
+    xc = [x0 + cw * (i + 0.5) for i in range(n)]
+    xk = [x - 0.24 * cw for x in xc]  # the key, score and weight of token i
+    xv = [x + 0.28 * cw for x in xc]  # its value, going up to the product
+    x_b = max(x0 + n * cw / 2, x0 + 0.95)  # the output, over the middle of the tokens
+    top = bh / 2
+    # the softmax couples every score: one band across all of them (the values pass over it)
+    _box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
+         fill="#eeeeee")
+    _box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
+    _arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
+    ax.plot([x_q, x_q, xk[-1] - 0.08], [y_kv + top, y_bus, y_bus], color=Q, lw=1.2)
+    for i, (word, a, k, v) in enumerate(zip(tokens, xc, xk, xv, strict=True), start=1):
+        _text(ax, a, y_tok, word.replace("$", r"\$"), ha="center", style="italic")
+        _box(ax, a, y_a, min(0.55, 0.8 * cw), bh, f"$a^{{{i}}}$", GREY, size=10)
+        for x, w, name, color in [(k, bw, "k", K), (v, vw, "v", V)]:
+            _box(ax, x, y_kv, w, bh, f"${name}^{{{i}}}$", color, size=10)
+            _arrow(ax, (a + (x - a) * 0.4, y_a + top), (x, y_kv - top), color)
+        _arrow(ax, (k - 0.08, y_bus), (k - 0.08, y_s - top), Q)  # q^1 reaches every score
+        _arrow(ax, (k + 0.08, y_kv + top), (k + 0.08, y_s - top), K)
+        _box(ax, k, y_s, bw, bh, rf"$\alpha_{{1,{i}}}$", INK, size=10, fill="white")
+        _arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
+        _arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
+        _box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
+        ax.plot([v, v], [y_kv + top, y_w - 0.09], color=V, lw=1.2, zorder=3)  # v^i up to the product
+        ax.add_patch(Circle((v, y_w), 0.09, facecolor="white", edgecolor=INK, lw=1, zorder=3))
+        _text(ax, v, y_w, "×", ha="center", zorder=4)
+        _arrow(ax, (k + bw / 2, y_w), (v - 0.09, y_w), INK)
+        _arrow(ax, (v, y_w + 0.09), (x_b + (v - x_b) * 0.3, y_b - 0.2), OUT)
+    _box(ax, x_b, y_b, 1.9, 0.4, r"$b^1 = \sum_i \alpha'_{1,i}\, v^i$", OUT, size=11)
+    words = " ".join(tokens)
+    return Diagram(fig, f"How self-attention computes the first output b^1 for the {n} tokens "
+                        f"'{words}': the query q^1 of the first token is scored against the key k^i of "
+                        f"every token, the softmax of the scores weights the values v^i, and b^1 "
+                        f"is their weighted sum.")
+
+
+def _matrix(ax: Axes, x: float, y: float, rows: int, cols: int, name: str, color, *,
+            above: str | None = None) -> tuple[float, float]:
+    """A matrix as a box sized by its shape (log scale), name above, shape below; returns (w, h)."""
+    w, h = _side(cols), _side(rows)
+    _box(ax, x, y, w, h, name, color, size=10)
+    if rows <= 16:  # one faint line per row: one row per token
+        for r in range(1, rows):
+            ax.plot([x - w / 2 + 0.03, x + w / 2 - 0.03], [y - h / 2 + r * h / rows] * 2,
+                    color=color, lw=0.4, alpha=0.5)
+    _text(ax, x, y - h / 2 - 0.14, _shape(rows, cols), size=8.5, ha="center")
+    if above:
+        _text(ax, x, y + h / 2 + 0.16, above, ha="center", size=10)
+    return w, h
+
+
+def _side(n: int) -> float:
+    return min(0.6, 0.2 + 0.1 * math.log2(n))
+
+
+def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Diagram:
+    r"""Self-attention for all ``n`` tokens at once, each matrix drawn with its shape:
+    $Q = AW^q$, $K = AW^k$, $V = AW^v$; $A' = \operatorname{softmax}(QK^\top/\sqrt{d_k})$ by rows;
+    $B = A'V$ (Vaswani et al. 2017, eq. 1). Boxes grow with the log of each dimension."""
+    for value, name in [(n, "n"), (d_model, "d_model"), (d_k, "d_k"), (d_v, "d_v")]:
+        _positive_int(value, name, most=9999)
+    hn = _side(n)
+    W, H = PAGE_WIDTH, 3 * hn + 2 * 0.62 + 0.8
+    fig, ax = _canvas(W, H)
+    rows = [H - 0.45 - hn / 2 - i * (hn + 0.62) for i in range(3)]  # Q, K, V
+    y_a, y_s = rows[1], (rows[0] + rows[1]) / 2
+    x = max(0.1 + _side(d_model) / 2, 0.45)
+    _matrix(ax, x, y_a, n, d_model, "$A$", GREY, above="inputs")
+    gap = max(0.9, 0.2 + 0.065 * len(_shape(d_model, max(d_k, d_v))))  # room for "(d_model, d_k)"
+    x_qkv = x + _side(d_model) / 2 + 0.2 + gap + max(_side(d_k), _side(d_v)) / 2
+    x_bus = x + _side(d_model) / 2 + 0.2  # A goes to a bus, the bus to Q, K and V
+    ax.plot([x + _side(d_model) / 2, x_bus], [y_a] * 2, color=INK, lw=1)
+    ax.plot([x_bus] * 2, [rows[0], rows[2]], color=INK, lw=1)
+    for y, name, w_name, d, color in [(rows[0], "Q", "q", d_k, Q), (rows[1], "K", "k", d_k, K),
+                                      (rows[2], "V", "v", d_v, V)]:
+        _matrix(ax, x_qkv, y, n, d, f"${name}$", color)
+        _arrow(ax, (x_bus, y), (x_qkv - _side(d) / 2 - 0.03, y), color)
+        x_w = (x_bus + x_qkv - _side(d) / 2) / 2  # the weight: its name above the arrow, its shape below
+        _text(ax, x_w, y + 0.15, f"$\\times W^{w_name}$", size=10, ha="center")
+        _text(ax, x_w, y - 0.13, _shape(d_model, d), size=8.5, ha="center")
+    x_s = x_qkv + max(_side(d_k), _side(d_v)) / 2 + 0.7 + hn / 2
+    _matrix(ax, x_s, y_s, n, n, r"$S$", INK)  # its name starts at its left edge, clear of the arrows
+    _text(ax, x_s - hn / 2 - 0.05, y_s + hn / 2 + 0.16, r"$S = QK^\top/\sqrt{d_k}$", size=10)
+    for y, color in [(rows[0], Q), (rows[1], K)]:
+        _arrow(ax, (x_qkv + _side(d_k) / 2 + 0.05, y), (x_s - hn / 2 - 0.05, y_s), color)
+    x_p = x_s + max(hn + 0.8, 1.45)
+    _matrix(ax, x_p, y_s, n, n, "$A'$", INK, above="$A' = $ softmax($S$)")
+    _arrow(ax, (x_s + hn / 2 + 0.05, y_s), (x_p - hn / 2 - 0.05, y_s))
+    _text(ax, (x_s + x_p) / 2, y_s - 0.15, "by rows", size=8.5, ha="center")
+    x_b = x_p + max(hn / 2 + 0.55 + _side(d_v) / 2, 1.0)
+    _matrix(ax, x_b, y_s, n, d_v, "$B$", OUT, above="$B = A'V$")
+    _arrow(ax, (x_p + hn / 2 + 0.05, y_s), (x_b - _side(d_v) / 2 - 0.05, y_s))
+    ax.plot([x_qkv + _side(d_v) / 2 + 0.05, x_b], [rows[2]] * 2, color=V, lw=1)
+    _arrow(ax, (x_b, rows[2]), (x_b, y_s - hn / 2 - 0.3), V)
+    return Diagram(fig, f"Self-attention in matrix form: the inputs A ({n}, {d_model}) times W^q, W^k "
+                        f"and W^v give Q ({n}, {d_k}), K ({n}, {d_k}) and V ({n}, {d_v}); the scores "
+                        f"S = QK^T / sqrt(d_k) are ({n}, {n}), softmax by rows gives A' ({n}, {n}), "
+                        f"and B = A'V is ({n}, {d_v}).")
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 6
+
+
+def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int = 5) -> Diagram:
+    r"""``MultiHeadAttention.forward`` as a picture, every shape from ``layer``'s config: project
+    (``q_proj``, ``k_proj``, ``v_proj``), ``split_heads``, attend per head, ``merge_heads``
+    (concatenate), ``out_proj`` ($W^O$) (Vaswani et al. 2017, §3.2.2). With fewer key/value heads
+    than query heads (GQA, MQA), query head $i$ reads key/value head $i // (h / h_{kv})$."""
+    cfg = layer.config if isinstance(layer, MultiHeadAttention) else layer
+    if not isinstance(cfg, AttentionConfig):
+        raise TypeError(f"layer must be a MultiHeadAttention or an AttentionConfig, got "
+                        f"{type(layer).__name__}")
+    _positive_int(B, "B", most=10**6)
+    _positive_int(T, "T", most=10**6)
+    h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
+    _positive_int(h, "n_heads", most=16)
+    W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
+    y0, y1 = H - 0.3, H - 1.05  # inputs, projections (and a line of sizes at the bottom)
+    y2 = y1 - 1.25  # the heads: q, k, v pieces stacked, 0.22 apart
+    y3, y4 = y2 - 0.22 - 0.8, y2 - 0.22 - 1.55  # merged heads, out_proj
+    left, span = 0.15, 3.6  # the heads' row, under the three lanes
+    c = left + span / 2
+    lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h), "k": (c, K, "key", cfg.kdim, h_kv),
+             "v": (c + 1.2, V, "value", cfg.vdim, h_kv)}
+    fig, ax = _canvas(W, H)
+    pitch = span / h
+    xh = [left + pitch * (i + 0.5) for i in range(h)]
+    hw, size = min(0.4, 0.85 * pitch), 8 if h <= 8 else 7
+    ax.add_patch(FancyBboxPatch((left, y2 - 0.38), span, 0.76, boxstyle="round,pad=0,rounding_size=0.06",
+                                facecolor="#f3f3f3", edgecolor="none"))
+    for name, (x, color, label, width, n) in lanes.items():
+        _box(ax, x, y0, lw, bh, f"{label}\n{_shape(B, T, width)}", GREY, size=8.5, family=MONO)
+        _arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
+        _box(ax, x, y1, lw, bh, f"{name}_proj\n{_shape(B, T, n * hd)}", color, size=8.5, family=MONO)
+        _arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
+        _text(ax, x, y2 + 0.62, _shape(B, n, T, hd), size=8.5, family=MONO, ha="center",
+              bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
+        row = {"q": 0.22, "k": 0.0, "v": -0.22}[name]
+        for i, x_i in enumerate(xh):  # head i gets query head i and key/value head i // g
+            _box(ax, x_i, y2 + row, hw, 0.19, f"{name}{i if name == 'q' else i // g}", color, size=size,
+                 family=MONO)
+    for x_i in xh:
+        _arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
+    _box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
+    for i in range(1, h):
+        ax.plot([left + pitch * i] * 2, [y3 - bh / 2, y3 + bh / 2], color=OUT, lw=0.8)
+    _text(ax, c, y3, f"merge_heads {_shape(B, T, h * hd)}", size=8.5, family=MONO, ha="center",
+          bbox={"facecolor": _tint(OUT), "edgecolor": "none", "pad": 2})
+    _arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
+    _box(ax, c, y4, lw, bh, f"out_proj\n{_shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
+    mono = {"size": 8, "family": MONO}
+    notes = [  # beside each step: its name in the code, then its output's shape in the code's names
+        (y0, "inputs", "query (B, T, d_model)\nkey (B, T, kdim), value (B, T, vdim)", mono),
+        (y1, "q_proj, k_proj, v_proj",
+         "q: (B, T, n_heads·head_dim)\nk, v: (B, T, n_kv_heads·head_dim)", mono),
+        (y2 + 0.6, "split_heads" + (", apply_rope" if cfg.rope else ""),
+         "q: (B, n_heads, T, head_dim)\nk, v: (B, n_kv_heads, T, head_dim)", mono),
+        (y2 - 0.05, "attend, per head", rf"softmax$(q k^\top / \sqrt{{{hd}}})\, v$", {"size": 10}),
+        (y3, "merge_heads (concatenate)", "(B, T, n_heads·head_dim)", mono),
+        (y4, "out_proj", "(B, T, out_dim)", mono),
+    ]
+    for y, step, shapes, style in notes:
+        _text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
+        _text(ax, 4.25, y + 0.01, shapes, va="top", **style)
+    _text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
+    if g > 1:
+        _text(ax, 4.25, y2 - 0.3, f"head i reads k, v head i // {g}", va="top", **mono)
+    _text(ax, 0.15, 0.15, f"B={B}, T={T}, d_model={cfg.d_model}, n_heads={h}, n_kv_heads={h_kv}, "
+          f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}", size=8, color=GREY,
+          family=MONO)
+    kind = "" if h_kv == h else f", {h_kv} key/value heads"
+    return Diagram(fig, f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the "
+                        f"query {_shape(B, T, cfg.d_model)} to {_shape(B, T, h * hd)}, split_heads "
+                        f"makes it {_shape(B, h, T, hd)}, each head attends on its own, merge_heads "
+                        f"concatenates the heads back to {_shape(B, T, h * hd)} and out_proj (W^O) "
+                        f"gives {_shape(B, T, cfg.out_dim)}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 7
+
+
+def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, head_dim: int = 64
+             ) -> Diagram:
+    r"""MHA, GQA and MQA side by side: which key/value head each query head reads, and what the KV
+    cache holds per token and layer, $2 \cdot n_{kv} \cdot d_{head}$ numbers. Query head $i$ reads
+    key/value head $i // (n_{heads} / n_{kv})$, as :func:`~selfattn.heads.repeat_kv` orders them
+    (Ainslie et al. 2023, §2). ``n_kv_heads_list`` defaults to ``n_heads``, ``n_heads // 4`` (or
+    ``// 2``) and 1."""
+    _positive_int(n_heads, "n_heads", most=32)
+    _positive_int(head_dim, "head_dim", most=10**6)
+    if n_kv_heads_list is None:
+        middle = n_heads // 4 if n_heads >= 8 else n_heads // 2
+        n_kv_heads_list = sorted({n_heads, max(middle, 1), 1}, reverse=True)
+    counts = list(n_kv_heads_list)
+    if not 1 <= len(counts) <= 4:
+        raise ValueError(f"n_kv_heads_list must hold 1 to 4 head counts, got {counts}")
+    for n_kv in counts:
+        _positive_int(n_kv, "each n_kv_heads")
+        if n_heads % n_kv:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of each n_kv_heads, got "
+                             f"{n_kv}: each key/value head serves a whole group of query heads")
+    W, H, left = PAGE_WIDTH, 3.0, 0.85
+    pw = (W - left) / len(counts)
+    y_t, y_q, y_k, y_v, y_c = H - 0.25, 1.95, 1.07, 0.85, 0.38
+    fig, ax = _canvas(W, H)
+    for y, label in [(y_q, "query\nheads"), (y_k, "key heads"), (y_v, "value heads"),
+                     (y_c, "KV cache per\ntoken and\nlayer")]:
+        _text(ax, 0.05, y, label, size=8.5)
+    mha = 2 * n_heads * head_dim
+    for p, n_kv in enumerate(counts):
+        g, x_left = n_heads // n_kv, left + p * pw
+        name = "MHA" if n_kv == n_heads else "MQA" if n_kv == 1 else "GQA"
+        _text(ax, x_left + pw / 2, y_t, name, size=10, weight="bold", ha="center")
+        _text(ax, x_left + pw / 2, y_t - 0.25, f"n_kv_heads={n_kv}", size=8, family=MONO, ha="center")
+        pitch = (pw - 0.2) / n_heads
+        qw = min(0.26, 0.8 * pitch)
+        xq = [x_left + 0.1 + pitch * (i + 0.5) for i in range(n_heads)]
+        xkv = [sum(xq[j * g:(j + 1) * g]) / g for j in range(n_kv)]
+        kw = min(0.8 * pitch * g, 0.5)
+        for i, x in enumerate(xq):
+            _box(ax, x, y_q, qw, 0.24, str(i) if qw >= 0.07 * len(str(i)) + 0.06 else "", Q, size=8,
+                 gid=f"q{p}-{i}")
+            j = i // g  # the key/value head query head i reads (repeat_kv's order)
+            ax.plot([x, xkv[j]], [y_q - 0.12, y_k + 0.09], color=INK, lw=0.8, gid=f"link{p}-{i}")
+        for j, x in enumerate(xkv):
+            label = str(j) if kw >= 0.07 * len(str(j)) + 0.06 else ""
+            _box(ax, x, y_k, kw, 0.18, label, K, size=7.5, gid=f"kv{p}-{j}")
+            _box(ax, x, y_v, kw, 0.18, label, V, size=7.5)
+        per_token, ratio = 2 * n_kv * head_dim, Fraction(2 * n_kv * head_dim, mha)
+        share = "= MHA's" if ratio == 1 else f"{ratio} of MHA's"
+        _text(ax, x_left + pw / 2, y_c, f"2 × {n_kv} × {head_dim}\n= {per_token} numbers\n{share}",
+              ha="center", size=8.5)
+    sizes = ", ".join(f"{2 * n * head_dim} ({Fraction(n, n_heads)} of MHA's)" for n in counts)
+    return Diagram(fig, f"{n_heads} query heads reading {', '.join(map(str, counts))} key/value heads "
+                        f"(MHA, GQA, MQA): query head i reads key/value head i // (n_heads / "
+                        f"n_kv_heads); the KV cache holds 2 × n_kv_heads × head_dim numbers per token: "
+                        f"{sizes}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 5
+
+
+def rope_rotation(position: int = 3, theta: float = 1.0, x: tuple[float, float] = (1.0, 0.0)
+                  ) -> Diagram:
+    r"""RoPE turns a pair of features $(x_1, x_2)$ of a query at position $m$ by the angle
+    $m\theta$ (Su et al. 2021, §3.2): drawn for $m = 0 \dots$ ``position``. The points are
+    :func:`~selfattn.positional.apply_rope`'s output: pair 1 of a 4-feature vector turns by
+    $\text{base}^{-2/4}$ per position, so ``base = theta ** -2`` makes that $\theta$."""
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= 8:
+        raise ValueError(f"position must be an int from 0 to 8, got {position!r}")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.01 <= theta <= math.pi / 2:
+        raise ValueError(f"theta must be a number of radians from 0.01 to pi/2, got {theta!r}")
+    if position * theta > 2 * math.pi - 0.3:
+        raise ValueError(f"position * theta = {position * theta:.2f} rad goes round the circle more than "
+                         f"once; take a smaller position or theta")
+    try:
+        x1, x2 = (float(c) for c in x)
+    except (TypeError, ValueError):
+        raise ValueError(f"x must be a pair of numbers (x_1, x_2), got {x!r}") from None
+    r = math.hypot(x1, x2)
+    if not 0 < r < math.inf:
+        raise ValueError(f"x must be a non-zero, finite pair of numbers, got {x!r}")
+    m = torch.arange(position + 1)
+    vec = torch.tensor([0.0, 0.0, x1, x2], dtype=torch.float64).expand(position + 1, 4)
+    points = apply_rope(vec, m, base=theta ** -2)[:, 2:].tolist()  # (position + 1, 2)
+    W, H = PAGE_WIDTH, 3.2
+    fig = Figure(figsize=(W, H), dpi=DPI, facecolor="white")
+    ax = fig.add_axes((0.01, 0.01, (H - 0.1) / W, (H - 0.1) / H), aspect="equal")
+    lim = 1.45 * r
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_axis_off()
+    ax.add_patch(Circle((0, 0), r, fill=False, edgecolor=GREY, lw=0.8, ls="--"))
+    ax.plot([-lim, lim], [0, 0], color=GREY, lw=0.6)
+    ax.plot([0, 0], [-lim, lim], color=GREY, lw=0.6)
+    ax.text(lim, -0.09 * r, "$x_1$", fontsize=10, color=INK, ha="right", va="top")
+    ax.text(-0.09 * r, lim, "$x_2$", fontsize=10, color=INK, ha="right", va="top")
+    for k, (px, py) in enumerate(points):
+        color = Q if k == position else _tint(Q, 0.55)
+        ax.annotate("", xy=(px, py), xytext=(0, 0), arrowprops={
+            "arrowstyle": "-|>,head_length=0.5,head_width=0.25", "color": color, "lw": 1.4,
+            "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
+        if theta >= 0.35 or k in (0, position):  # close vectors: label the first and the last
+            ax.text(1.25 * px, 1.25 * py, f"m={k}", fontsize=9, color=INK, ha="center", va="center",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o", color=Q, ms=4, gid="rotated points")
+    start, turn = math.degrees(math.atan2(x2, x1)), math.degrees(position * theta)
+    if position:
+        ax.add_patch(Arc((0, 0), 0.6 * r, 0.6 * r, theta1=start, theta2=start + turn, color=OUT, lw=1.5))
+        # between two vectors, or past the last one when they are too close for a label
+        mid = math.radians(start) + (position // 2 + 0.5 if theta >= 0.35 else position + 2.5) * theta
+        ax.text(0.48 * r * math.cos(mid), 0.48 * r * math.sin(mid), rf"${position}\theta$", fontsize=10,
+                color=OUT, ha="center", va="center")
+
+    def note(x: float, y: float, text: str, **kw) -> None:  # x, y in inches from the bottom left
+        fig.text(x, y, text, color=INK, va="top", transform=fig.dpi_scale_trans, **kw)
+
+    note(3.5, H - 0.2, "RoPE turns each pair of features\nby its position times θ:", fontsize=10)
+    note(3.5, H - 0.85, r"$R_m x = (x_1 \cos m\theta - x_2 \sin m\theta,$" "\n"
+                        r"$\qquad\ \ x_1 \sin m\theta + x_2 \cos m\theta)$", fontsize=10)
+    note(3.5, H - 1.5, f"θ = {theta:g} rad per position; apply_rope\ngives, for x = ({x1:g}, {x2:g}):",
+         fontsize=8.5, family=MONO)
+    rows = [f"m={k}: ({round(px, 2) + 0:+.2f}, {round(py, 2) + 0:+.2f})"  # + 0: no "-0.00"
+            for k, (px, py) in enumerate(points)]
+    half = math.ceil(len(rows) / 2) if len(rows) > 5 else len(rows)  # two columns past 5 rows
+    for col, part in enumerate([rows[:half], rows[half:]]):
+        note(3.5 + 1.55 * col, H - 1.95, "\n".join(part), fontsize=8.5, family=MONO)
+    return Diagram(fig, f"RoPE on one pair of features (x_1, x_2) = ({x1:g}, {x2:g}): at position m it is "
+                        f"turned by m × {theta:g} radians around the origin, drawn for m = 0 to "
+                        f"{position} on a circle of radius {r:.2f}; its length never changes.")
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 9
+
+
+def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: bool = True,
+                         query_block: int | None = None) -> Diagram:
+    r"""The ``(L, S)`` score matrix as FlashAttention computes it (Dao et al. 2022, §3.1): in tiles
+    of ``block_size`` queries by ``block_size`` keys, skipping the tiles a causal mask
+    (:func:`~selfattn.masks.causal_mask`, top-left aligned) hides entirely. One query block walks
+    its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax), so
+    the full matrix is never stored. ``query_block`` defaults to the middle one."""
+    _positive_int(L, "L", most=10**7)
+    _positive_int(S, "S", most=10**7)
+    _positive_int(block_size, "block_size")
+    nq, nk = math.ceil(L / block_size), math.ceil(S / block_size)
+    if max(nq, nk) > 16:
+        raise ValueError(f"{nq} x {nk} tiles are too many to draw; at most 16 per side: pass a "
+                         f"block_size of at least {math.ceil(max(L, S) / 16)}")
+    qb = nq // 2 if query_block is None else query_block
+    if isinstance(qb, bool) or not isinstance(qb, int) or not 0 <= qb < nq:
+        raise ValueError(f"query_block must be an int from 0 to {nq - 1}, got {query_block!r}")
+    keep = causal_mask(L, S) if causal else torch.ones(L, S, dtype=torch.bool)
+    t_h, t_w = min(2.6 / nq, 0.6), min(3.0 / nk, 0.6)  # a tile's height and width, in inches
+    if max(t_h, t_w) < 2 * min(t_h, t_w):  # square tiles, unless the matrix is very long or wide
+        t_h = t_w = min(t_h, t_w)
+    grid_h = L / block_size * t_h
+    W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.0)
+    fig, ax = _canvas(W, H)
+    x0, y_top = 0.45, min(H - 0.45, H - 0.8 + grid_h / 2)  # room for the rotated label beside it
+    skipped = 0
+    for a in range(nq):
+        for b in range(nk):
+            part = keep[a * block_size:(a + 1) * block_size, b * block_size:(b + 1) * block_size]
+            th, tw = t_h * part.shape[0] / block_size, t_w * part.shape[1] / block_size
+            x, y = x0 + b * t_w, y_top - a * t_h
+            visible = bool(part.any())
+            skipped += not visible
+            color = _tint(Q, 0.3) if a == qb and visible else "white" if visible else "#d9d9d9"
+            ax.add_patch(FancyBboxPatch((x + 0.015, y - th + 0.015), tw - 0.03, th - 0.03, facecolor=color,
+                                        boxstyle="round,pad=0,rounding_size=0.03", edgecolor=GREY,
+                                        lw=0.8, gid=f"tile{a}-{b}" + ("" if visible else " skipped")))
+            if visible and not bool(part.all()):  # grey over the masked corner of a diagonal tile
+                n_r, n_c = part.shape
+                first = [int(row.int().argmin()) if not row.all() else n_c for row in part]
+                pts = [(x + tw, y)]
+                for i, c in enumerate(first):  # a staircase down the first masked column of each row
+                    pts += [(x + tw * c / n_c, y - th * i / n_r), (x + tw * c / n_c, y - th * (i + 1) / n_r)]
+                ax.add_patch(Polygon([*pts, (x + tw, y - th)], facecolor="#d9d9d9", edgecolor="none"))
+    _text(ax, x0 + S / block_size * t_w / 2, y_top + 0.18, f"keys (S = {S})", ha="center")
+    _text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {L})", ha="center", rotation=90)
+    y_row = y_top - (qb + 0.5) * t_h
+    last = max(b for b in range(nk) if keep[qb * block_size:(qb + 1) * block_size,
+                                            b * block_size:(b + 1) * block_size].any())
+    _arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
+           OUT, lw=1.8)
+    if t_h >= 0.3 and (last + 1) * t_w >= 0.45:  # room for a label over the arrow
+        _text(ax, x0 + 0.08, y_row + 0.04, "m, l", size=8.5, color=OUT, va="bottom")
+    x_t = x0 + nk * t_w + 0.35
+    rows = f"{qb * block_size}–{min((qb + 1) * block_size, L) - 1}"
+    lines = [(f"block_size = {block_size}: {nq} × {nk} tiles", {})]
+    if causal:
+        lines.append((f"grey: hidden by the causal mask;\n{skipped} of {nq * nk} tiles skipped", {}))
+    lines += [(f"query block {qb} (rows {rows}) walks its key\nblocks left to right, keeping per row:",
+               {"color": OUT}),
+              ("m_new = max(m, rowmax)\nl = l · exp(m − m_new) + rowsum\nm = m_new",
+               {"family": MONO, "size": 8.5, "x": x_t + 0.15}),
+              (f"never stored: the full L × S matrix\n({L} × {S} = {L * S:,} scores)", {})]
+    y = H - 0.3
+    for text, kw in lines:
+        _text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
+        y -= 0.21 * (text.count("\n") + 1) + 0.17
+    mask = f"; the causal mask hides {skipped} of them entirely, and they are skipped" if causal else ""
+    return Diagram(fig, f"The {L} × {S} score matrix cut into {nq} × {nk} tiles of {block_size}{mask}. "
+                        f"Query block {qb} walks its key blocks left to right, updating a running maximum "
+                        f"m and sum l per row, so the full matrix is never stored.")

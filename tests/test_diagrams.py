@@ -1,0 +1,301 @@
+"""The book's schematic diagrams: they fit the page, say what they show, and are drawn from the code."""
+
+import base64
+import io
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from matplotlib._pylab_helpers import Gcf
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyBboxPatch, Patch
+from matplotlib.spines import Spine
+from matplotlib.text import Annotation, Text
+from PIL import Image
+
+import selfattn
+from selfattn import diagrams
+from selfattn.masks import causal_mask
+from selfattn.positional import apply_rope
+from selfattn.viz import PAGE_WIDTH
+
+# (what to call, a word the alt text must hold); the variants stress the layout at its limits
+CASES = {
+    "one_output": (lambda: diagrams.one_output(), "b^1"),
+    "one_output, 1 token": (lambda: diagrams.one_output(["attention"]), "b^1"),
+    "one_output, 4 tokens": (lambda: diagrams.one_output("the cat sat down".split()), "b^1"),
+    "matrix_form": (lambda: diagrams.matrix_form(), "matrix form"),
+    "matrix_form, small": (lambda: diagrams.matrix_form(1, 1, 1, 1), "matrix form"),
+    "matrix_form, large": (lambda: diagrams.matrix_form(9999, 9999, 9999, 9999), "matrix form"),
+    "multi_head": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4)), "split_heads"),
+    "multi_head, chapter 6": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(
+        128, 8, head_dim=16, kdim=128, vdim=64, out_dim=8), 10, 4), "merge_heads"),
+    "multi_head, GQA and RoPE": (lambda: diagrams.multi_head(selfattn.AttentionConfig(
+        d_model=64, n_heads=16, n_kv_heads=4, rope=True), 32, 128), "out_proj"),
+    "kv_heads": (lambda: diagrams.kv_heads(), "KV cache"),
+    "kv_heads, 32 heads": (lambda: diagrams.kv_heads(32, (32, 8, 4, 1), 128), "KV cache"),
+    "kv_heads, 1 head": (lambda: diagrams.kv_heads(1, head_dim=8), "KV cache"),
+    "rope_rotation": (lambda: diagrams.rope_rotation(), "RoPE"),
+    "rope_rotation, slow": (lambda: diagrams.rope_rotation(8, 0.1, (0.3, -2.0)), "RoPE"),
+    "rope_rotation, fast": (lambda: diagrams.rope_rotation(3, math.pi / 2), "RoPE"),
+    "online_softmax_tiles": (lambda: diagrams.online_softmax_tiles(), "never stored"),
+    "online_softmax_tiles, long": (lambda: diagrams.online_softmax_tiles(4096, 4096, 256), "never stored"),
+    "online_softmax_tiles, wide": (lambda: diagrams.online_softmax_tiles(3, 40, 3, query_block=0),
+                                   "never stored"),
+    "online_softmax_tiles, tall": (lambda: diagrams.online_softmax_tiles(64, 5, 4, causal=False),
+                                   "never stored"),
+}
+
+
+def texts(diagram: diagrams.Diagram) -> list[Text]:
+    return [t for t in diagram.figure.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def strings(diagram: diagrams.Diagram) -> str:
+    return "\n".join(t.get_text() for t in texts(diagram))
+
+
+def drawn_extents(diagram: diagrams.Diagram):
+    """Each visible text's box on the PNG, in pixels."""
+    fig = diagram.figure
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(diagrams.DPI)
+    renderer = canvas.get_renderer()
+    fig.draw(renderer)
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts(diagram)]
+
+
+@pytest.fixture(params=list(CASES), scope="module")
+def case(request):
+    make, word = CASES[request.param]
+    return make(), word
+
+
+def test_returns_a_diagram_that_fits_the_page(case):
+    diagram, _ = case
+    assert isinstance(diagram, diagrams.Diagram)
+    assert isinstance(diagram.figure, Figure)
+    width, height = diagram.figure.get_size_inches()
+    assert width <= PAGE_WIDTH + 1e-9
+    assert height <= 6
+    sizes = [t.get_fontsize() for t in texts(diagram)]
+    assert sizes, "a diagram without labels"
+    assert min(sizes) >= 7, f"text of {min(sizes)} pt is under 9.7 px on the page"
+    math = [t.get_fontsize() for t in texts(diagram) if "$" in t.get_text()]
+    assert min(math, default=10) >= 10, "mathtext draws scripts at 70%: 10 pt keeps them at 7 pt"
+
+
+def test_nothing_is_cut_off_and_no_text_is_drawn_over_another(case):
+    diagram, _ = case
+    boxes = drawn_extents(diagram)
+    fig = diagram.figure
+    width, height = (s * diagrams.DPI for s in fig.get_size_inches())
+    backgrounds = {fig.patch, *(ax.patch for ax in fig.axes)}
+    shapes = [(repr(p), p.get_window_extent()) for p in fig.findobj(Patch)  # boxes, arrows, circles
+              if p not in backgrounds and not isinstance(p, Spine)]  # (the axes are off)
+    arrows = [(repr(a), a.arrow_patch.get_window_extent()) for a in fig.findobj(Annotation)]
+    assert len(shapes) + len(arrows) >= 3
+    for what, box in boxes + shapes + arrows:
+        assert box.x0 >= -1 and box.y0 >= -1 and box.x1 <= width + 1 and box.y1 <= height + 1, \
+            f"{what!r} at {box} leaves the {width:.0f} x {height:.0f} px figure"
+    for i, (text_a, a) in enumerate(boxes):
+        for text_b, b in boxes[i + 1:]:
+            overlap_x = min(a.x1, b.x1) - max(a.x0, b.x0)
+            overlap_y = min(a.y1, b.y1) - max(a.y0, b.y0)
+            assert min(overlap_x, overlap_y) <= 1, f"{text_a!r} and {text_b!r} overlap"
+
+
+def test_shows_as_a_png_with_its_alt_text(case):
+    diagram, word = case
+    assert word in diagram.alt and len(diagram.alt) > 40
+    html = diagram._repr_html_()
+    assert html.startswith('<img class="selfattn-diagram" ')
+    alt = re.search(r'alt="([^"]*)"', html).group(1)
+    assert alt == diagram.alt.replace("&", "&amp;").replace("'", "&#x27;")
+    data = base64.b64decode(re.search(r'src="data:image/png;base64,([^"]+)"', html).group(1))
+    assert data == diagram.png() and not hasattr(diagram, "_repr_png_")
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG"
+    assert int(re.search(r'width="(\d+)"', html).group(1)) == image.width
+    assert image.width == round(diagram.figure.get_size_inches()[0] * 100) <= 680
+    assert len(data) < 60_000, f"{len(data)} bytes: keep diagrams small"
+    rgb = np.asarray(image.convert("RGBA"))
+    assert (rgb[..., 3] == 255).all(), "the background must be opaque"
+    assert (rgb[0, 0, :3] == 255).all(), "the background must be white"
+
+
+def test_html_gives_the_png_width_and_escapes_the_alt_text():
+    fig = Figure(figsize=(2.5, 1))
+    fig.text(0.1, 0.5, "x", fontsize=9)
+    d = diagrams.Diagram(fig, 'the "q" & <k> heads')
+    html = d._repr_html_()
+    assert 'width="250"' in html
+    assert 'alt="the &quot;q&quot; &amp; &lt;k&gt; heads"' in html
+    assert Image.open(io.BytesIO(d.png())).size == (250, 100)
+
+
+def test_diagrams_leave_pyplot_alone():
+    before = Gcf.get_num_fig_managers()
+    for make, _ in CASES.values():
+        make()
+    assert Gcf.get_num_fig_managers() == before
+
+
+def test_png_is_the_same_on_every_run():
+    assert diagrams.kv_heads(4).png() == diagrams.kv_heads(4).png()
+
+
+def test_one_output_labels_the_given_tokens():
+    d = diagrams.one_output(["we", "like", "tea"])
+    s = strings(d)
+    assert [t.get_text() for t in texts(d) if t.get_text() in {"we", "like", "tea"}] == ["we", "like", "tea"]
+    for i in (1, 2, 3):
+        assert f"$a^{{{i}}}$" in s and f"$k^{{{i}}}$" in s and f"$v^{{{i}}}$" in s
+        assert rf"$\alpha'_{{1,{i}}}$" in s
+    assert "$a^{4}$" not in s
+    assert "we like tea" in d.alt
+
+
+def test_matrix_form_writes_the_shapes_it_was_given():
+    s = strings(diagrams.matrix_form(5, 12, 3, 7))
+    for shape in ["(5, 12)", "(5, 3)", "(5, 7)", "(5, 5)", "(12, 3)", "(12, 7)"]:
+        assert shape in s, shape
+    assert "(6, 16)" not in s
+
+
+def numbers_in(diagram) -> set[str]:
+    return set(re.findall(r"\(\d+(?:, \d+)+\)", strings(diagram)))
+
+
+def test_multi_head_takes_its_shapes_from_the_layer():
+    small = diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=2, T=5)
+    s = strings(small)
+    for name in ["q_proj", "k_proj", "v_proj", "split_heads", "merge_heads", "out_proj"]:
+        assert name in s
+    assert {"(2, 5, 32)", "(2, 4, 5, 8)"} <= numbers_in(small)
+    other = diagrams.multi_head(selfattn.MultiHeadAttention(48, 6, out_dim=10).config, B=3, T=7)
+    assert {"(3, 7, 48)", "(3, 6, 7, 8)", "(3, 7, 10)"} <= numbers_in(other)
+    assert not numbers_in(small) & numbers_in(other)
+    assert "apply_rope" not in s
+    assert "apply_rope" in strings(diagrams.multi_head(selfattn.AttentionConfig(d_model=32, n_heads=4,
+                                                                                rope=True)))
+
+
+def test_multi_head_gives_each_query_head_its_key_value_head():
+    d = diagrams.multi_head(selfattn.AttentionConfig(d_model=64, n_heads=8, n_kv_heads=2))
+    assert {"(2, 5, 16)", "(2, 2, 5, 8)", "(2, 8, 5, 8)"} <= numbers_in(d)
+
+    def row(letter):  # the labels of one letter's boxes, left to right
+        found = [t for t in texts(d) if re.fullmatch(letter + r"\d+", t.get_text())]
+        return [int(t.get_text()[1:]) for t in sorted(found, key=lambda t: t.get_position()[0])]
+
+    assert row("q") == list(range(8))
+    assert row("k") == row("v") == [i // 4 for i in range(8)]
+
+
+def boxes(diagram, prefix):
+    return {p.get_gid(): p for p in diagram.figure.findobj(FancyBboxPatch)
+            if p.get_gid() and p.get_gid().startswith(prefix)}
+
+
+@pytest.mark.parametrize("n_heads, counts", [(8, None), (6, (6, 3, 2, 1)), (4, (2,))])
+def test_kv_heads_connects_each_query_head_to_its_key_value_head(n_heads, counts):
+    d = diagrams.kv_heads(n_heads, counts, head_dim=16)
+    counts = counts or (8, 2, 1)
+    lines = [ln for ln in d.figure.findobj(Line2D) if (ln.get_gid() or "").startswith("link")]
+    assert len(lines) == n_heads * len(counts)
+    for p, n_kv in enumerate(counts):
+        q, kv = boxes(d, f"q{p}-"), boxes(d, f"kv{p}-")
+        assert len(q) == n_heads and len(kv) == n_kv
+        links = [ln for ln in lines if ln.get_gid().startswith(f"link{p}-")]
+        assert len(links) == n_heads
+
+        def under(x, patches):  # the index of the box whose span holds x
+            hits = [int(g.split("-")[1]) for g, b in patches.items()
+                    if b.get_x() <= x <= b.get_x() + b.get_width()]
+            assert len(hits) == 1
+            return hits[0]
+
+        for link in links:
+            (x_q, _), (x_kv, _) = link.get_xydata()
+            i = under(x_q, q)
+            assert under(x_kv, kv) == i // (n_heads // n_kv)
+        cache = 2 * n_kv * 16
+        assert f"2 × {n_kv} × 16\n= {cache} numbers" in strings(d)
+    assert "1/4 of MHA's" in strings(diagrams.kv_heads(8, (8, 2)))
+
+
+@pytest.mark.parametrize("position, theta, x", [(3, 1.0, (1.0, 0.0)), (6, 0.5, (0.6, 0.8)),
+                                                (2, 0.25, (-2.0, 1.5))])
+def test_rope_rotation_draws_what_apply_rope_computes(position, theta, x):
+    d = diagrams.rope_rotation(position, theta, x)
+    (dots,) = [ln for ln in d.figure.findobj(Line2D) if ln.get_gid() == "rotated points"]
+    drawn = dots.get_xydata()
+    assert drawn.shape == (position + 1, 2)
+    m = torch.arange(position + 1, dtype=torch.float64)
+    expected = apply_rope(torch.tensor([x], dtype=torch.float64).expand(position + 1, 2), m * theta)
+    np.testing.assert_allclose(drawn, expected.numpy(), atol=1e-12)
+    angle = m.numpy() * theta + math.atan2(x[1], x[0])  # by hand: turned by m * theta, same length
+    np.testing.assert_allclose(drawn, math.hypot(*x) * np.stack([np.cos(angle), np.sin(angle)], 1),
+                               atol=1e-12)
+    assert f"m={position}: ({drawn[-1, 0]:+.2f}, {drawn[-1, 1]:+.2f})" in strings(d)
+
+
+@pytest.mark.parametrize("L, S, block, causal", [(16, 16, 4, True), (16, 16, 4, False), (10, 20, 4, True),
+                                                 (1024, 1024, 128, True), (7, 5, 3, True)])
+def test_online_softmax_tiles_skips_exactly_the_hidden_tiles(L, S, block, causal):
+    d = diagrams.online_softmax_tiles(L, S, block, causal)
+    tiles = boxes(d, "tile")
+    nq, nk = math.ceil(L / block), math.ceil(S / block)
+    assert len(tiles) == nq * nk
+    keep = causal_mask(L, S) if causal else torch.ones(L, S, dtype=torch.bool)
+    for a in range(nq):
+        for b in range(nk):
+            hidden = not keep[a * block:(a + 1) * block, b * block:(b + 1) * block].any()
+            assert (f"tile{a}-{b} skipped" in tiles) == hidden
+            assert (f"tile{a}-{b}" in tiles) != hidden
+    s = strings(d)
+    assert f"({L} × {S} = {L * S:,} scores)" in s
+    assert "m_new = max(m, rowmax)" in s and "l = l · exp(m − m_new) + rowsum" in s
+    assert ("tiles skipped" in s) == causal
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: diagrams.one_output([]), "tokens must hold 1 to 6 words to fit the page, got 0"),
+    (lambda: diagrams.one_output("the cat"), "sequence of words"),
+    (lambda: diagrams.one_output("a b c d e f g".split()), "1 to 6 words to fit the page, got 7"),
+    (lambda: diagrams.one_output(["the", "incomprehensibilities"]), "at most .* characters"),
+    (lambda: diagrams.one_output(["the", ""]), "non-empty str"),
+    (lambda: diagrams.matrix_form(0, 16, 8, 8), "n must be a positive int"),
+    (lambda: diagrams.matrix_form(4, 16, 8.0, 8), "d_k must be a positive int"),
+    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=0), "B must be a positive int"),
+    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(64, 32)), "n_heads = 32 is too many"),
+    (lambda: diagrams.kv_heads(8, (3,)), r"n_heads \(8\) must be a multiple of each n_kv_heads, got 3"),
+    (lambda: diagrams.kv_heads(4, (8,)), r"n_heads \(4\) must be a multiple"),
+    (lambda: diagrams.kv_heads(8, (0,)), "each n_kv_heads must be a positive int"),
+    (lambda: diagrams.kv_heads(8, ()), "1 to 4 head counts"),
+    (lambda: diagrams.kv_heads(8, head_dim=0), "head_dim must be a positive int"),
+    (lambda: diagrams.rope_rotation(-1), "position must be an int from 0 to 8"),
+    (lambda: diagrams.rope_rotation(2, theta=0), "theta must be a number of radians from 0.01 to pi/2"),
+    (lambda: diagrams.rope_rotation(2, theta=2.0), "theta must be a number of radians from 0.01 to pi/2"),
+    (lambda: diagrams.rope_rotation(2, x=(1, 2, 3)), r"x must be a pair of numbers \(x_1, x_2\)"),
+    (lambda: diagrams.rope_rotation(8, theta=1.0), "goes round the circle more than once"),
+    (lambda: diagrams.rope_rotation(2, x=(0, 0)), "non-zero, finite pair"),
+    (lambda: diagrams.online_softmax_tiles(16, 16, 0), "block_size must be a positive int, got 0"),
+    (lambda: diagrams.online_softmax_tiles(0, 16, 4), "L must be a positive int"),
+    (lambda: diagrams.online_softmax_tiles(4096, 4096, 128), "too many to draw.*block_size of at least 256"),
+    (lambda: diagrams.online_softmax_tiles(16, 16, 4, query_block=4),
+     "query_block must be an int from 0 to 3"),
+])
+def test_bad_arguments_say_what_is_wrong(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_multi_head_rejects_what_is_not_a_layer():
+    with pytest.raises(TypeError, match="MultiHeadAttention or an AttentionConfig"):
+        diagrams.multi_head(torch.nn.MultiheadAttention(32, 4))
