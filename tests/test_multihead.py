@@ -183,3 +183,18 @@ def test_head_dim_out_dim_and_config():
         m.config.n_heads = 2  # frozen
 
 
+
+
+@pytest.mark.parametrize("n_kv_heads", [8, 2, 1])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_chunks_after_a_cache_get_the_bottom_right_causal_mask(n_kv_heads, need_weights):
+    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double().eval()
+    x = torch.randn(2, 11, 32, dtype=F64)
+    full, _ = m(x, is_causal=True)
+    cache, outs, start = selfattn.KVCache(capacity=2), [], 0
+    for size in [3, 4, 1, 3]:  # a prompt fed in chunks, each after the cached tokens
+        out, _ = m(x[:, start : start + size], is_causal=True, kv_cache=cache,
+                   need_weights=need_weights)
+        outs.append(out)
+        start += size
+    torch.testing.assert_close(torch.cat(outs, dim=1), full)

@@ -1,9 +1,10 @@
 """Guards against the pitfalls of chapter 8 that no other test file covers.
 
 Covered elsewhere: float 0/1 masks refused and the missing batch axis (test_bad_input.py);
-fully masked rows give zeros in fp32/fp16/bf16 (test_attention.py); rows of weights sum to 1 and
-causal attention never looks ahead (test_properties.py); dropout only in training
-(test_multihead.py); the scale and head layout match PyTorch (parity tests).
+fully masked rows give zeros in fp32/fp16/bf16 (test_attention.py, pitfalls 6 and 15); rows of
+weights sum to 1 and causal attention never looks ahead (test_properties.py); dropout only in
+training, chunks after a cache with the bottom-right causal mask, GQA equal to the expanded MHA
+(test_multihead.py, pitfalls 9, 13, 14); the scale and head layout match PyTorch (parity tests).
 """
 
 import pytest
@@ -45,3 +46,34 @@ def test_heads_are_merged_next_to_their_own_token():
         out, _ = m(x, is_causal=True, need_weights=need_weights)
         expected = x.cumsum(1) / torch.arange(1, T + 1)[None, :, None]  # running mean
         torch.testing.assert_close(out, expected)
+
+
+def test_one_sentence_of_a_batch_never_moves_another():
+    # pitfall 11: read as sequence-first, a batch would attend across its sentences
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(8, 2).eval()
+    x = torch.randn(3, 5, 8)
+    y = x.clone()
+    y[1] += 1.0
+    for need_weights in (False, True):
+        assert torch.equal(m(x, need_weights=need_weights)[0][0], m(y, need_weights=need_weights)[0][0])
+
+
+def test_a_padding_mask_per_sentence_hides_each_sentences_padding():
+    # pitfall 12: (B, S) must become (B, 1, 1, S); a (B, S) mask that fits is read as (L, S)
+    B = L = 4
+    q = k = v = torch.randn(B, 2, L, 8)
+    keep = selfattn.padding_mask(torch.tensor([4, 3, 2, 1]), L)  # (B, S)
+    _, w = selfattn.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+    assert (w.masked_select(~keep[:, None, None, :].expand_as(w)) == 0).all()
+    _, w_wrong = selfattn.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert (w_wrong[3, :, 0, 1:] > 0).all()  # the silent version gives padding weight
+    with pytest.raises(ValueError, match=r"\(3, 4\) does not broadcast"):
+        selfattn.scaled_dot_product_attention(q[:3], k[:3], v[:3], attn_mask=keep[:3])
+
+
+def test_grouped_heads_are_paired_by_repeat_interleave_not_repeat():
+    # pitfall 14: query head i reads key/value head i // g
+    k = torch.arange(2.0).view(1, 2, 1, 1)
+    assert selfattn.repeat_kv(k, 4).flatten().tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert not torch.equal(selfattn.repeat_kv(k, 4), k.repeat(1, 4, 1, 1))

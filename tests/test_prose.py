@@ -7,7 +7,8 @@ written with digits fails this test unless it is one of the few kinds the allow-
 
 * a number in a sentence that cites its source ("Shazeer (2019) reports ..."): quoted from a
   paper, with its citation in the same sentence;
-* a reference to a part of a text: chapter 5, §3.2.1, Table 1, exercise 2, Algorithm 1;
+* a reference to a part of a text: chapter 5, §3.2.1, Table 1, exercise 2, Algorithm 1, or to
+  an issue or pull request (pytorch/pytorch#133882);
 * a digit inside a name: GPT-2, float16, all-MiniLM-L6-v2, a 1-D convolution, the T4 GPU;
 * the number of a list item, a heading or a table row; a version (Python 3.11);
 * the givens of an exercise (a paragraph that starts with **Exercise N.**);
@@ -28,9 +29,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "intro.md", ROOT / "glossary.md", *sorted((ROOT / "chapters").glob("*.ipynb"))]
 
-CITATION = re.compile(r"\b[A-Z][A-Za-z'-]+(?: et al\.(?:'s)?| and [A-Z][A-Za-z'-]+)?,? \(?"
-                      r"(?:19|20)\d\d[a-z]?\b")
-PART = re.compile(r"\b(?:chapters?|sections?|tables?|figures?|fig\.|exercises?|algorithms?|"
+CITATION = re.compile(r"\b[A-Z][A-Za-z'-]+(?:\s+et\s+al\.(?:'s)?|\s+and\s+[A-Z][A-Za-z'-]+)?,?\s+"
+                      r"\(?(?:19|20)\d\d[a-z]?\b")
+PART = re.compile(r"#\d+\b|\b(?:chapters?|sections?|tables?|figures?|fig\.|exercises?|algorithms?|"
                   r"equations?|appendix|part|steps?|cells?|items?|pitfalls?)\s+\d+(?:\.\d+)*"
                   r"(?:\s*(?:,|and|or|to|-|–)\s*\d+(?:\.\d+)*)*|§\s?\d+(?:\.\d+)*", re.I)
 NAME = re.compile(r"\b[A-Za-z_][\w]*\d[\w.-]*|\b\d+-D\b|\b\d+(?:st|nd|rd|th)\b|[A-Za-z]-\d+\b|"
@@ -60,7 +61,7 @@ def hand_typed_numbers(text: str) -> list[str]:
     for math in re.findall(r"\$\$.*?\$\$|\$[^$\n]+\$", text, flags=re.S):
         found += [f"{d} (in {math.strip()[:40]!r})" for d in re.findall(r"\d+\.\d+", math)]
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.S)  # formulas: definitions
-    text = re.sub(r"`[^`\n]*`", " ", text)  # inline code: names from the code
+    text = re.sub(r"`[^`]*`", " ", text)  # inline code: names from the code
     text = re.sub(r"^\s*(?:#+\s*)?\d+\.\s", " ", text, flags=re.M)  # list items, numbered headings
     text = re.sub(r"^\|\s*\d+\s*\|", "|", text, flags=re.M)  # numbered table rows
     # sentences end at . ! ? ; : (not after "et al." or "e.g.") and at paragraphs and list items
