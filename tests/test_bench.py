@@ -52,3 +52,22 @@ def test_a_tiny_fastpath_benchmark_has_a_row_per_path():
     assert sorted(r["fast path"] for r in rows) == sorted(fastpaths.ENABLED)
     assert all(r["ms with"] > 0 and r["ms without"] > 0 and r["speed-up"] > 0 for r in rows)
     assert all(fastpaths.ENABLED.values())  # switched back on
+
+
+def test_a_tiny_tiled_benchmark_has_every_variant_at_every_length_and_its_targets():
+    rows = bench.tiled_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8, repeats=2,
+                                 min_sample_s=0.001)
+    assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
+        (T, v) for T in (16, 32) for v in ("tiled (selfattn)", "explicit (selfattn)",
+                                           "F.scaled_dot_product_attention"))
+    assert all(r["ms"] > 0 and r["peak_mb"] > 0 for r in rows)
+    at = {r["variant"]: r for r in rows if r["T"] == 32}
+    targets = bench.tiled_targets(rows)
+    assert [label for label, *_ in targets] == ["explicit / tiled peak memory at T=32",
+                                                "tiled / explicit time at T=32",
+                                                "tiled / F.sdpa time at T=32"]
+    memory = targets[0][1]
+    assert memory == at["explicit (selfattn)"]["peak_mb"] / at["tiled (selfattn)"]["peak_mb"] > 1
+    assert targets[2][1] == at["tiled (selfattn)"]["ms"] / at["F.scaled_dot_product_attention"]["ms"]
+    assert all(met == (ratio >= goal if op == ">=" else ratio < goal if op == "<" else ratio <= goal)
+               for _, ratio, op, goal, met in targets)

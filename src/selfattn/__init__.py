@@ -5,6 +5,7 @@ from .device import pick_device
 from .heads import merge_heads, repeat_kv, split_heads
 from .masks import causal_mask, padding_mask, to_additive, to_bool
 from .multihead import AttentionConfig, KVCache, MultiHeadAttention, expand_kv_heads
+from .tiled import tiled_attention
 
 __all__ = [
     "AttentionConfig",
@@ -20,6 +21,7 @@ __all__ = [
     "repeat_kv",
     "scaled_dot_product_attention",
     "split_heads",
+    "tiled_attention",
     "to_additive",
     "to_bool",
 ]

@@ -20,6 +20,7 @@ from .attention import scaled_dot_product_attention
 from .baselines import EinopsSelfAttention, einsum_attention
 from .measure import attention_flops, compare, fit_exponent, mha_flops, peak_memory, synchronize
 from .multihead import KVCache, MultiHeadAttention
+from .tiled import tiled_attention
 
 
 def _decode_inputs(model, context: int, seed: int = 0):
@@ -197,6 +198,44 @@ def scaling_benchmark(lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 409
     return rows
 
 
+def tiled_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n_heads: int = 8,
+                    head_dim: int = 64, block_size: int | None = None, repeats: int = 5,
+                    min_sample_s: float = 0.1) -> list[dict]:
+    """Forward time (no grad) and peak memory of tiled attention (:mod:`selfattn.tiled`), of the
+    explicit path and of PyTorch's SDPA, side by side at each sequence length, batch 1.
+    ``block_size=None`` uses :func:`~selfattn.tiled.tiled_attention`'s default."""
+    tile = {} if block_size is None else {"block_size": block_size}
+    variants = {"tiled (selfattn)": lambda q: tiled_attention(q, q, q, **tile),
+                "explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
+                "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
+    rows = []
+    with torch.no_grad():
+        for T in lengths:
+            q = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T))
+            calls = {n: (lambda f=f, q=q: f(q)) for n, f in variants.items()}
+            times = compare(calls, repeats, warmup=1, min_sample_s=min_sample_s)
+            for name, call in calls.items():
+                rows.append({"T": T, "variant": name, "ms": 1e3 * times[name].median,
+                             "peak_mb": peak_memory(call) / 2**20,
+                             "discarded": times[name].discarded})
+    return rows
+
+
+def tiled_targets(rows: list[dict]) -> list[tuple[str, float, str, float, bool]]:
+    """``make bench``'s targets for tiled attention, at the longest length of
+    :func:`tiled_benchmark`'s rows: (label, ratio, comparison, goal, met)."""
+    T = max(r["T"] for r in rows)
+    at = {r["variant"]: r for r in rows if r["T"] == T}
+    tiled, explicit = at["tiled (selfattn)"], at["explicit (selfattn)"]
+    sdpa = at["F.scaled_dot_product_attention"]
+    memory = explicit["peak_mb"] / tiled["peak_mb"]
+    return [(f"explicit / tiled peak memory at T={T}", memory, ">=", 8.0, memory >= 8.0),
+            (f"tiled / explicit time at T={T}", tiled["ms"] / explicit["ms"], "<", 1.0,
+             tiled["ms"] < explicit["ms"]),
+            (f"tiled / F.sdpa time at T={T}", tiled["ms"] / sdpa["ms"], "<=", 2.5,
+             tiled["ms"] <= 2.5 * sdpa["ms"])]
+
+
 def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,
                        batch: int = 8, T: int = 512, d_model: int = 512,
                        contexts: tuple[int, int] = (8192, 16384)) -> list[dict]:
@@ -311,6 +350,14 @@ def main(out_dir: str = "_build/bench") -> None:
         print(f"  {name}: time grows as T^{fit_exponent(sizes, [r['ms'] for r in long]):.2f}, "
               f"memory as T^{fit_exponent(sizes, [r['peak_mb'] for r in long]):.2f} (T >= 1024)")
     print()
+    tiled = tiled_benchmark()
+    print("tiled attention with an online softmax (selfattn.tiled) vs the explicit path and SDPA "
+          "(batch 1, 8 heads of 64, no grad)")
+    _print_table(tiled, ["variant", "T", "ms", "peak_mb", "discarded"], {"ms": ".2f", "peak_mb": ".1f"})
+    print("tiled attention targets (chapter 9; ratios measured side by side in this run)")
+    for label, ratio, op, goal, met in tiled_targets(tiled):
+        print(f"  {label:52s} {ratio:5.2f}  target {op:2s} {goal:.2f}  {'met' if met else 'MISSED'}")
+    print()
     print("decode: one new token, batch 1, d_model=1024, 16 query heads of 64; ms per token, "
           "speed-up over MHA")
     decode = decode_benchmark([256, 1024, 4096, 8192, 16384])
@@ -329,13 +376,14 @@ def main(out_dir: str = "_build/bench") -> None:
         print(f"  {label:52s} {ratio:5.2f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
 
     for name, table in [("attention", rows), ("fastpaths", fast), ("scaling", scaling),
-                        ("decode", decode)]:
+                        ("tiled", tiled), ("decode", decode)]:
         with open(out / f"{name}.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(table[0]))
             writer.writeheader()
             writer.writerows(table)
     _plot(rows, scaling, ceiling, out / "bench.png")
-    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, decode.csv and bench.png")
+    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, tiled.csv, decode.csv and "
+          "bench.png")
 
 
 def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:

@@ -11,7 +11,6 @@ returns True or False.
 from __future__ import annotations
 
 import textwrap
-
 from collections.abc import Callable
 
 import torch

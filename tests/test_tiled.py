@@ -1,0 +1,219 @@
+"""Tiled attention with an online softmax: the same numbers as attention, tile by tile."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+import selfattn
+from selfattn.measure import peak_memory
+from selfattn.tiled import online_softmax, running_max_and_sum, tiled_attention
+
+F64 = torch.float64
+
+
+@st.composite
+def attention_cases(draw, dtype=torch.float32):
+    """Random batch shapes (broadcast between q, k, v and the mask), L != S, block sizes that do
+    not divide them, and every kind of mask, fully masked rows included."""
+    batch = draw(st.lists(st.integers(1, 3), max_size=2))
+    L, S, E, Ev = (draw(st.integers(1, n)) for n in (12, 12, 8, 8))
+    block_size = draw(st.integers(1, max(L, S) + 1))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+    def some_of(shape):  # a shape that broadcasts to `shape`: some dims 1, some leading ones gone
+        kept = [n if draw(st.booleans()) else 1 for n in shape]
+        return kept[draw(st.integers(0, len(kept))) :]
+
+    q = torch.randn(*some_of(batch), L, E, generator=g, dtype=dtype)
+    k = torch.randn(*some_of(batch), S, E, generator=g, dtype=dtype)
+    v = torch.randn(*some_of(batch), S, Ev, generator=g, dtype=dtype)
+    kind = draw(st.sampled_from(["none", "bool", "float", "causal", "causal and bool"]))
+    kwargs = {"is_causal": kind.startswith("causal")}
+    full = [*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), L, S]
+    mask_shape = some_of(full) if draw(st.booleans()) else full
+    if kind in ("bool", "causal and bool"):
+        kwargs["attn_mask"] = torch.rand(mask_shape, generator=g) > draw(st.floats(0.0, 0.9))
+    elif kind == "float":  # a bias, and -inf at some keys (whole rows sometimes)
+        bias = torch.randn(mask_shape, generator=g, dtype=dtype)
+        hidden = torch.rand(mask_shape, generator=g) < draw(st.floats(0.0, 0.9))
+        kwargs["attn_mask"] = bias.masked_fill(hidden, -math.inf)
+    if draw(st.booleans()):
+        kwargs["scale"] = draw(st.floats(0.05, 2.0))
+    return q, k, v, kwargs, block_size
+
+
+def pytorch_reference(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+    # PyTorch's math backend refuses attn_mask together with is_causal; we AND the two
+    (L, E), S = q.shape[-2:], k.shape[-2]
+    if attn_mask is not None and is_causal:
+        attn_mask, is_causal = attn_mask & selfattn.causal_mask(L, S), False
+    # and it wants a mask of rank 2 or more, no wider than q @ k^T: give the three the full batch
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k = q.expand(*batch, L, E), k.expand(*batch, S, E)
+    attn_mask = None if attn_mask is None else attn_mask.expand(*batch, L, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                          **kwargs)
+
+
+@given(case=attention_cases())
+def test_matches_pytorch_sdpa_in_float32(case):
+    q, k, v, kwargs, block_size = case
+    out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
+    torch.testing.assert_close(out, pytorch_reference(q, k, v, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+@given(case=attention_cases(dtype=F64))
+def test_matches_the_explicit_path_in_float64(case):
+    q, k, v, kwargs, block_size = case
+    out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
+    expected, _ = selfattn.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert out.dtype == F64 and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "causal and padding"])
+@pytest.mark.parametrize("block_size", [1, 2, 3, 8])
+def test_fully_masked_rows_give_zeros_and_zero_gradients(kind, block_size):
+    q, k, v = (torch.randn(2, 6, 4, dtype=F64, requires_grad=True) for _ in range(3))
+    keep = torch.ones(6, 6, dtype=torch.bool)
+    keep[[1, 4]] = False  # queries 1 and 4 may attend to nothing
+    kwargs = {"attn_mask": keep if kind == "bool" else selfattn.to_additive(keep, F64)}
+    if kind == "causal and padding":  # query 0 sees only key 0, which is padding
+        kwargs = {"attn_mask": torch.tensor([False, True, True, True, True, True]), "is_causal": True}
+    out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
+    dead = [1, 4] if kind != "causal and padding" else [0]
+    live = [i for i in range(6) if i not in dead]
+    assert (out[:, dead] == 0).all()
+    expected, _ = selfattn.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(out[:, live], expected[:, live])
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad.isfinite().all()
+    assert (q.grad[:, dead] == 0).all()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3}, "bool", "float"],
+                         ids=["plain", "causal", "scale", "bool mask", "float mask"])
+def test_gradients_match_finite_differences(kwargs):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 1, 7, 3, generator=g, dtype=F64, requires_grad=True)  # heads broadcast
+    k = torch.randn(2, 5, 3, generator=g, dtype=F64, requires_grad=True)  # L != S
+    v = torch.randn(2, 5, 4, generator=g, dtype=F64, requires_grad=True)
+    inputs = (q, k, v)
+    if kwargs == "bool":
+        kwargs = {"attn_mask": torch.rand(7, 5, generator=g) > 0.4, "is_causal": True}
+    elif kwargs == "float":  # the bias gets a gradient too
+        inputs = (q, k, v, torch.randn(1, 7, 5, generator=g, dtype=F64, requires_grad=True))
+        kwargs = {}
+
+    def f(*inputs):
+        return tiled_attention(*inputs, block_size=2, **kwargs)
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_gradients_match_the_explicit_path_with_minus_infinity_in_a_float_mask():
+    q, k, v = (torch.randn(3, 9, 5, dtype=F64, requires_grad=True) for _ in range(3))
+    mask = torch.randn(9, 9, dtype=F64).masked_fill(torch.rand(9, 9) < 0.5, -math.inf)
+    grads = torch.autograd.grad(tiled_attention(q, k, v, mask, block_size=4).square().sum(), (q, k, v))
+    expected = torch.autograd.grad(
+        selfattn.scaled_dot_product_attention(q, k, v, mask)[0].square().sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def counted_flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_causal_attention_never_computes_the_tiles_above_the_diagonal():
+    b, E, Ev = 4, 8, 6
+    q, k, v = (torch.randn(2, 4 * b, n) for n in (E, E, Ev))
+    per_tile = 2 * 2 * b * b * (E + Ev)  # 2 heads, (b x E) @ (E x b) and (b x b) @ (b x Ev)
+    assert counted_flops(lambda: tiled_attention(q, k, v, block_size=b)) == 16 * per_tile
+    assert counted_flops(lambda: tiled_attention(q, k, v, is_causal=True, block_size=b)) == 10 * per_tile
+
+
+def test_tiles_a_bool_mask_hides_entirely_are_skipped():
+    b = 4
+    q, k, v = (torch.randn(4 * b, 8) for _ in range(3))
+    keep = torch.zeros(4 * b, 4 * b, dtype=torch.bool)
+    keep[: 2 * b, : 2 * b] = True  # the first two blocks of queries see the first two of keys
+    keep[-1, -1] = True  # one key for one query in the last tile
+    per_tile = 2 * b * b * (8 + 8)
+    assert counted_flops(lambda: tiled_attention(q, k, v, keep, block_size=b)) == 5 * per_tile
+    torch.testing.assert_close(tiled_attention(q, k, v, keep, block_size=b),
+                               selfattn.scaled_dot_product_attention(q, k, v, keep)[0])
+
+
+def test_peak_memory_is_far_below_the_explicit_paths_and_grows_linearly():
+    def peak(fn, T):
+        q = torch.randn(1, 8, T, 64)
+        with torch.no_grad():
+            return peak_memory(lambda: fn(q))
+
+    def explicit(q):
+        return selfattn.scaled_dot_product_attention(q, q, q)[0]
+
+    def tiled(q):
+        return tiled_attention(q, q, q)
+
+    assert peak(explicit, 1024) >= 8 * 1024 * 1024 * 4  # it holds the (8, 1024, 1024) scores
+    assert peak(tiled, 1024) * 6 < peak(explicit, 1024)
+    assert peak(tiled, 2048) < 2.5 * peak(tiled, 1024)  # the explicit path's grows 4x
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_returns_its_dtype_finite_and_accurate(dtype):
+    g = torch.Generator().manual_seed(2)
+    q, k, v = ((30 * torch.randn(2, 37, 16, generator=g)).to(dtype) for _ in range(3))  # scores ~1e4
+    out = tiled_attention(q, k, v, is_causal=True, block_size=8)
+    assert out.dtype == dtype and out.isfinite().all()
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    tolerance = 2 * 30 * torch.finfo(dtype).eps  # rounding the output, |v| up to ~100
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=0)
+
+
+def test_block_size_is_checked():
+    q = k = v = torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match="block_size must be positive, got 0"):
+        tiled_attention(q, k, v, block_size=0)
+    with pytest.raises(TypeError, match="block_size must be an int, got float"):
+        tiled_attention(q, k, v, block_size=2.0)
+    with pytest.raises(TypeError, match="block_size must be an int, got bool"):
+        online_softmax(q, True)
+
+
+def test_bad_inputs_are_refused_clearly():
+    q = k = v = torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 5\) does not broadcast"):
+        tiled_attention(q, k, v, torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        tiled_attention(q, k, v, torch.ones(5, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="same last dimension E"):
+        tiled_attention(q, torch.randn(2, 5, 3), v)
+    with pytest.raises(TypeError, match="positional"):  # scale and block_size are keyword-only
+        tiled_attention(q, k, v, None, False, 0.5)
+
+
+@given(shape=st.lists(st.integers(1, 4), max_size=2), S=st.integers(1, 20), data=st.data())
+def test_online_softmax_is_softmax(shape, S, data):
+    block_size = data.draw(st.integers(1, S + 1))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    scores = 20 * torch.randn(*shape, S, generator=g, dtype=F64)
+    scores[..., : S // 2][torch.rand(*shape, S // 2, generator=g) < 0.5] = -math.inf  # not a whole row
+    torch.testing.assert_close(online_softmax(scores, block_size), torch.softmax(scores, dim=-1))
+    history = running_max_and_sum(scores, block_size)
+    assert len(history) == math.ceil(S / block_size)
+    maxima = torch.cat([m for m, _ in history], dim=-1)  # (..., blocks)
+    assert (maxima.diff(dim=-1) >= 0).all()  # the running maximum never falls
+    m, l = history[-1]
+    torch.testing.assert_close(m, scores.amax(dim=-1, keepdim=True))
+    torch.testing.assert_close(l, torch.exp(scores - m).sum(dim=-1, keepdim=True))
