@@ -18,6 +18,11 @@ def test_attention_benchmark_rows_and_their_ratios():
         if r["variant"] == "F.scaled_dot_product_attention":
             assert r["vs_sdpa"] == 1.0
         assert r["ms"] > 0 and r["gflops"] > 0
+    assert "plain matmul attention" in {r["variant"] for r in rows}
+    # causal inference counts only the products the mask keeps: 16 * 17 / 2 of the 16^2 scores
+    sdpa = next(r for r in rows if r["mode"] == "inference, causal" and r["level"] == "core")
+    flops = sdpa["gflops"] * 1e9 * sdpa["ms"] / 1e3
+    assert abs(flops - measure.attention_flops(16, 16, 8, 2, 1) * 17 / 32) < 1e-3 * flops
 
 
 def test_decode_bytes_and_a_tiny_decode_benchmark():
@@ -54,9 +59,9 @@ def test_a_tiny_fastpath_benchmark_has_a_row_per_path():
     assert all(fastpaths.ENABLED.values())  # switched back on
 
 
-def test_a_tiny_tiled_benchmark_has_every_variant_at_every_length_and_its_targets():
-    rows = bench.tiled_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8, repeats=2,
-                                 min_sample_s=0.001)
+def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tiled_targets():
+    rows = bench.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
+                                   repeats=2, min_sample_s=0.001)
     assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
         (T, v) for T in (16, 32) for v in ("tiled (selfattn)", "explicit (selfattn)",
                                            "F.scaled_dot_product_attention"))

@@ -5,6 +5,7 @@ No timing assertions: these machines are shared; make bench reports times, tests
 
 import itertools
 import math
+import pathlib
 
 import pytest
 import torch
@@ -144,8 +145,46 @@ def test_timing_waits_for_the_gpu_before_reading_the_clock(monkeypatch):
     assert events == ["launch", "launch"]
 
 
+LINUX = pathlib.Path("/proc/self/clear_refs").exists()  # where a process's peak can be reset
+on_linux = pytest.mark.skipif(not LINUX, reason="only Linux reports a process's peak memory")
+
+
+@on_linux
 def test_process_peak_memory_sees_what_the_process_holds():
     held = measure.process_peak_memory(lambda: torch.ones(64 * 2**20 // 4).add_(1))  # 64 MiB
-    if held is None:
-        pytest.skip("this operating system does not report a process's peak memory")
     assert 60 * 2**20 < held < 200 * 2**20
+
+
+def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
+    from selfattn.baselines import einsum_attention, matmul_attention
+
+    q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
+    einsum, matmul = (measure.op_counts(lambda f=f: f(q, k, v))
+                      for f in (einsum_attention, matmul_attention))
+    assert einsum["bmm"] == matmul["bmm"] == 2  # QK^T and AV, whichever way they are written
+    assert einsum["_softmax"] == matmul["_softmax"] == 1
+    torch.testing.assert_close(einsum_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(matmul_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    fused = measure.op_counts(lambda: F.scaled_dot_product_attention(q, k, v))
+    assert "bmm" not in fused and "_softmax" not in fused  # one fused kernel instead
+    assert sum(fused.values()) < sum(matmul.values())
+
+
+@on_linux
+def test_fresh_process_peak_memory_counts_the_call_not_the_setup():
+    setup = "x = torch.ones(2**24)"  # 64 MiB, made before the call: not counted
+    made = measure.fresh_process_peak_memory("torch.ones(2**24) + 1", setup)
+    assert 2 * 64 * 2**20 <= made < 3 * 64 * 2**20  # two 64 MiB results alive at once
+    assert measure.fresh_process_peak_memory("x[:10].sum()", setup) < 8 * 2**20
+    with pytest.raises(RuntimeError, match="NameError"):
+        measure.fresh_process_peak_memory("undefined_name")
+
+
+def test_verdict_tells_a_difference_from_the_spread_of_the_samples():
+    a = measure.Timing([1.0, 1.1, 0.9])  # spread ±10%
+    assert a.spread == pytest.approx(0.1)
+    close = measure.Timing([1.05, 1.06, 1.04])
+    assert "no difference shown" in measure.verdict("a", a, "b", close)
+    slow = measure.Timing([2.0, 2.02, 1.98])
+    assert measure.verdict("slow", slow, "a", a).startswith("slow / a: 2.00, slower")
+    assert measure.verdict("a", a, "slow", slow).startswith("a / slow: 0.50, faster")

@@ -3,7 +3,8 @@
 The article splits and merges heads with einops' ``rearrange`` and computes the products with
 ``torch.einsum``; its class has eight bugs, which chapter 8 finds and fixes one by one.
 :class:`EinopsSelfAttention` is that class with every fix applied (the chapter shows this code),
-and :func:`einsum_attention` its core. ``make bench`` times both beside the library.
+and :func:`einsum_attention` its core; :func:`matmul_attention` is the same core written with
+``@``, the control that shows what einsum costs. ``make bench`` times them beside the library.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Attention in einsum notation: ``(B, H, T, hd)`` in and out, no mask."""
     scores = torch.einsum("bhld,bhsd->bhls", q * q.shape[-1] ** -0.5, k)  # (B, H, L, S)
     return torch.einsum("bhls,bhsd->bhld", torch.softmax(scores, dim=-1), v)  # (B, H, L, hd)
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """:func:`einsum_attention` with ``@``: ``softmax(q k^T / sqrt(hd)) v``, nothing else."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, L, S)
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, L, hd)
 
 
 class EinopsSelfAttention(nn.Module):

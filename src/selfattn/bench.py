@@ -17,7 +17,7 @@ from torch import nn
 
 from . import fastpaths
 from .attention import scaled_dot_product_attention
-from .baselines import EinopsSelfAttention, einsum_attention
+from .baselines import EinopsSelfAttention, einsum_attention, matmul_attention
 from .measure import attention_flops, compare, fit_exponent, mha_flops, peak_memory, synchronize
 from .multihead import KVCache, MultiHeadAttention
 from .tiled import tiled_attention
@@ -103,9 +103,11 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
     """Forward, forward+backward and causal inference times of every variant, side by side.
 
     Rows: ``variant``, ``level`` (``core``: attention given q, k, v; ``layer``: projections
-    too), ``mode``, ``ms``, ``gflops`` (dense count / time), ``discarded`` (contended samples),
-    ``vs_sdpa`` (time / F.sdpa's time in the same mode) and ``vs_reference`` (core rows vs
-    F.sdpa, layer rows vs ``nn.MultiheadAttention(need_weights=False)``).
+    too), ``mode``, ``ms``, ``gflops`` (FLOPs / time; the causal inference rows count only the
+    products the mask keeps, $T(T+1)/2$ of the $T^2$ scores, whatever a variant computes),
+    ``discarded`` (contended samples), ``vs_sdpa`` (time / F.sdpa's time in the same mode) and
+    ``vs_reference`` (core rows vs F.sdpa, layer rows vs
+    ``nn.MultiheadAttention(need_weights=False)``).
     """
     torch.manual_seed(seed)
     hd = d_model // n_heads
@@ -118,6 +120,7 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
         "selfattn.scaled_dot_product_attention": lambda: scaled_dot_product_attention(q, k, v)[0],
         "einsum attention": lambda: einsum_attention(q, k, v),
+        "plain matmul attention": lambda: matmul_attention(q, k, v),
     }
     layer = {
         "MultiHeadAttention, fast path": lambda: ours(x)[0],
@@ -159,11 +162,14 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
         "nn.MultiheadAttention(need_weights=True)": lambda: theirs(
             xi, xi, xi, attn_mask=blocked, need_weights=True, average_attn_weights=False)[0],
     }
+    kept = (T + 1) / (2 * T)  # the share of the scores a causal mask keeps
+    attention = attention_flops(T, T, hd, n_heads, batch)
+    useful = {"core": attention * kept, "layer": flops["layer"] - attention * (1 - kept)}
     with torch.no_grad():
         for name, t in compare(inference, repeats, min_sample_s=min_sample_s).items():
             kind = "core" if name.startswith("F.") else "layer"
             rows.append({"variant": name, "level": kind, "mode": "inference, causal",
-                         "ms": 1e3 * t.median, "gflops": flops[kind] / t.median / 1e9,
+                         "ms": 1e3 * t.median, "gflops": useful[kind] / t.median / 1e9,
                          "discarded": t.discarded})
     reference = {(r["mode"], r["level"]): r["ms"] for r in rows if r["variant"] in (
         "F.scaled_dot_product_attention", "nn.MultiheadAttention(need_weights=False)")}
@@ -179,34 +185,15 @@ def matmul_gflops(n: int = 2048, repeats: int = 9) -> float:
     return 2 * n**3 / compare({"matmul": lambda: a @ b}, repeats)["matmul"].median / 1e9
 
 
-def scaling_benchmark(lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096),
-                      n_heads: int = 8, head_dim: int = 64, repeats: int = 5,
+def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n_heads: int = 8,
+                      head_dim: int = 64, block_size: int | None = None, repeats: int = 5,
                       min_sample_s: float = 0.1) -> list[dict]:
-    """Forward time (no grad) and peak memory of the explicit path and of PyTorch's SDPA against
-    sequence length, batch 1."""
-    variants = {"explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
-                "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
-    rows = []
-    with torch.no_grad():
-        for T in lengths:
-            q = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T))
-            calls = {n: (lambda f=f, q=q: f(q)) for n, f in variants.items()}
-            times = compare(calls, repeats, warmup=1, min_sample_s=min_sample_s)
-            for name, call in calls.items():
-                rows.append({"T": T, "variant": name, "ms": 1e3 * times[name].median,
-                             "peak_mb": peak_memory(call) / 2**20})
-    return rows
-
-
-def tiled_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n_heads: int = 8,
-                    head_dim: int = 64, block_size: int | None = None, repeats: int = 5,
-                    min_sample_s: float = 0.1) -> list[dict]:
-    """Forward time (no grad) and peak memory of tiled attention (:mod:`selfattn.tiled`), of the
-    explicit path and of PyTorch's SDPA, side by side at each sequence length, batch 1.
-    ``block_size=None`` uses :func:`~selfattn.tiled.tiled_attention`'s default."""
+    """Forward time (no grad) and peak tensor memory against sequence length, batch 1: the
+    explicit path, tiled attention (:mod:`selfattn.tiled`) and PyTorch's SDPA, timed side by side
+    at each length. ``block_size=None`` uses :func:`~selfattn.tiled.tiled_attention`'s default."""
     tile = {} if block_size is None else {"block_size": block_size}
-    variants = {"tiled (selfattn)": lambda q: tiled_attention(q, q, q, **tile),
-                "explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
+    variants = {"explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
+                "tiled (selfattn)": lambda q: tiled_attention(q, q, q, **tile),
                 "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
     rows = []
     with torch.no_grad():
@@ -223,7 +210,7 @@ def tiled_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n_h
 
 def tiled_targets(rows: list[dict]) -> list[tuple[str, float, str, float, bool]]:
     """``make bench``'s targets for tiled attention, at the longest length of
-    :func:`tiled_benchmark`'s rows: (label, ratio, comparison, goal, met)."""
+    :func:`scaling_benchmark`'s rows: (label, ratio, comparison, goal, met)."""
     T = max(r["T"] for r in rows)
     at = {r["variant"]: r for r in rows if r["T"] == T}
     tiled, explicit = at["tiled (selfattn)"], at["explicit (selfattn)"]
@@ -342,20 +329,17 @@ def main(out_dir: str = "_build/bench") -> None:
     print()
 
     scaling = scaling_benchmark()
-    print("explicit path vs SDPA against sequence length (batch 1, 8 heads of 64, no grad)")
-    _print_table(scaling, ["variant", "T", "ms", "peak_mb"], {"ms": ".2f", "peak_mb": ".1f"})
+    print("against sequence length: the explicit path, tiled attention with an online softmax "
+          "(selfattn.tiled) and SDPA (batch 1, 8 heads of 64, no grad)")
+    _print_table(scaling, ["variant", "T", "ms", "peak_mb", "discarded"],
+                 {"ms": ".2f", "peak_mb": ".1f"})
     for name in dict.fromkeys(r["variant"] for r in scaling):
         long = [r for r in scaling if r["variant"] == name and r["T"] >= 1024]
         sizes = [r["T"] for r in long]
         print(f"  {name}: time grows as T^{fit_exponent(sizes, [r['ms'] for r in long]):.2f}, "
               f"memory as T^{fit_exponent(sizes, [r['peak_mb'] for r in long]):.2f} (T >= 1024)")
-    print()
-    tiled = tiled_benchmark()
-    print("tiled attention with an online softmax (selfattn.tiled) vs the explicit path and SDPA "
-          "(batch 1, 8 heads of 64, no grad)")
-    _print_table(tiled, ["variant", "T", "ms", "peak_mb", "discarded"], {"ms": ".2f", "peak_mb": ".1f"})
     print("tiled attention targets (chapter 9; ratios measured side by side in this run)")
-    for label, ratio, op, goal, met in tiled_targets(tiled):
+    for label, ratio, op, goal, met in tiled_targets(scaling):
         print(f"  {label:52s} {ratio:5.2f}  target {op:2s} {goal:.2f}  {'met' if met else 'MISSED'}")
     print()
     print("decode: one new token, batch 1, d_model=1024, 16 query heads of 64; ms per token, "
@@ -376,14 +360,13 @@ def main(out_dir: str = "_build/bench") -> None:
         print(f"  {label:52s} {ratio:5.2f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
 
     for name, table in [("attention", rows), ("fastpaths", fast), ("scaling", scaling),
-                        ("tiled", tiled), ("decode", decode)]:
+                        ("decode", decode)]:
         with open(out / f"{name}.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(table[0]))
             writer.writeheader()
             writer.writerows(table)
     _plot(rows, scaling, ceiling, out / "bench.png")
-    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, tiled.csv, decode.csv and "
-          "bench.png")
+    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, decode.csv and bench.png")
 
 
 def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:

@@ -20,6 +20,7 @@ import re
 import statistics
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,6 +71,24 @@ class Timing:
     def median(self) -> float:
         return statistics.median(self.samples)
 
+    @property
+    def spread(self) -> float:
+        """Half the range of the samples, relative to the median: how far apart two runs of
+        the same code can land."""
+        return (max(self.samples) - min(self.samples)) / (2 * self.median)
+
+
+def verdict(name: str, time: Timing, other_name: str, other: Timing) -> str:
+    """One line comparing two variants timed side by side: their ratio, and whether it is
+    larger than the spread of their own samples (:attr:`Timing.spread`); when it is not, this
+    run cannot tell them apart."""
+    ratio, noise = time.median / other.median, time.spread + other.spread
+    if abs(ratio - 1) <= noise:
+        outcome = f"within the samples' spread (±{noise:.0%}), no difference shown"
+    else:
+        outcome = f"{'faster' if ratio < 1 else 'slower'}, beyond the samples' spread (±{noise:.0%})"
+    return f"{name} / {other_name}: {ratio:.2f}, {outcome}"
+
 
 def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2,
             min_sample_s: float = 0.1, max_others: float = 0.25) -> dict[str, Timing]:
@@ -117,7 +136,8 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int 
 def attention_flops(L: int, S: int, head_dim: int, n_heads: int = 1, batch: int = 1,
                     backward: bool = False) -> int:
     r"""Dense multiply-add FLOPs of attention: $QK^\top$ and $AV$ are $2LSd$ each per head;
-    backward computes four products of the same size (dQ, dK, dV and the scores' gradient)."""
+    backward computes four products of the same size ($dV = A^\top dO$, the weights' gradient
+    $dA = dO\,V^\top$, $dQ$ and $dK$; the softmax's own backward is elementwise)."""
     forward = 4 * batch * n_heads * L * S * head_dim
     return 3 * forward if backward else forward
 
@@ -204,6 +224,28 @@ def peak_memory(fn: Callable[[], object]) -> int:
     return mode.peak
 
 
+def op_counts(fn: Callable[[], object]) -> Counter[str]:
+    """How many times ``fn()`` calls each of PyTorch's basic operations (``aten`` operators, the
+    level where ``einsum``, ``@`` and ``F.scaled_dot_product_attention`` end up), by name: what a
+    function *does*, independent of how it is written. Each call is one pass over its tensors in
+    memory, so fewer, larger operations mean fewer trips to memory."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # private API: loaded on use
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    mode = Count()
+    with mode:
+        fn()
+    return mode.counts
+
+
 def process_peak_memory(fn: Callable[[], object]) -> int | None:
     """Peak resident memory of this process while ``fn()`` runs, above what it held before, in
     bytes; None where the operating system does not say (Linux does, in ``/proc/self``).
@@ -225,6 +267,31 @@ def process_peak_memory(fn: Callable[[], object]) -> int | None:
     result = fn()
     del result
     return 1024 * (kilobytes("VmHWM") - before)
+
+
+def fresh_process_peak_memory(stmt: str, setup: str = "pass") -> int | None:
+    """:func:`process_peak_memory` of ``stmt`` in a new Python process, after ``setup`` (the
+    arguments of :func:`timeit.timeit`): nothing freed earlier is there to be reused, so every
+    page the call touches counts, a fused kernel's own buffers included. Bytes; None where the
+    operating system does not say. The statements run with ``torch`` imported and autograd off.
+    """
+    import subprocess
+    import sys
+    import textwrap
+
+    script = "\n".join([
+        "import torch",
+        "from selfattn.measure import process_peak_memory",
+        textwrap.dedent(setup),
+        "torch.set_grad_enabled(False)",
+        f"print(process_peak_memory(lambda: {stmt}))",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=False)
+    if done.returncode:
+        raise RuntimeError(f"the statement failed in a fresh process:\n{done.stderr.strip()}")
+    peak = done.stdout.strip().splitlines()[-1]
+    return None if peak == "None" else int(peak)
 
 
 def influence(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
