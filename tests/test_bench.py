@@ -19,6 +19,8 @@ def test_attention_benchmark_rows_and_their_ratios():
             assert r["vs_sdpa"] == 1.0
         assert r["ms"] > 0 and r["gflops"] > 0
     assert "plain matmul attention" in {r["variant"] for r in rows}
+    assert {r["mode"] for r in rows if r["variant"] == bench.FLOOR} == {
+        "forward", "forward+backward", "inference, causal"}
     # causal inference counts only the products the mask keeps: 16 * 17 / 2 of the 16^2 scores
     sdpa = next(r for r in rows if r["mode"] == "inference, causal" and r["level"] == "core")
     flops = sdpa["gflops"] * 1e9 * sdpa["ms"] / 1e3

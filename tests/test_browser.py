@@ -5,8 +5,10 @@ For every page of the book, in a 1280 px wide window: no JavaScript errors, no r
 the book's own font (the machines that run this have no CJK font), no raw LaTeX outside the
 math, no code or printed line wider than its block, and no figure whose smallest text is under
 9 px as displayed (from the sizes tests/colab_harness.py recorded while the chapters ran). For
-the static explorers: moving a slider changes the heatmap on screen. Screenshots go to
-_build/screenshots/ (the run's summary names the folder). `make test` builds the book first.
+the static explorers: moving a slider changes the heatmap on screen, and at least eight of the ten
+chapters have an explorer that renders a picture. Every schematic diagram has its alt text and is
+screenshotted in the dark theme too. Screenshots go to _build/screenshots/ (the run's summary
+names the folder). `make test` builds the book first.
 """
 
 import functools
@@ -124,6 +126,8 @@ def test_page_renders_offline_without_errors(browser, server, name):
         assert shown >= figures > 0, f"{figures} figures in the notebook, {shown} on the page"
         print(f"{name}: {n_views} widget views, {shown} images, {log['bytes'] / 1e6:.2f} MB")
     check_sliders_change_the_heatmap(page, name)
+    EXPLORERS[name] = working_explorers(page)
+    check_diagrams(page, name)
     page.close()
 
 
@@ -233,6 +237,29 @@ def harness_records():
 
 
 SLIDERS_MOVED: list[str] = []
+EXPLORERS: dict[str, int] = {}  # page -> explorers that render a picture
+DIAGRAMS: dict[str, int] = {}  # page -> schematic diagrams, each with alt text
+
+
+def working_explorers(page):
+    """Explorers (the widget box marked ``selfattn-explorer``) showing a loaded picture."""
+    return page.evaluate("""() => [...document.querySelectorAll(".selfattn-explorer")]
+        .filter(e => [...e.querySelectorAll("img")].some(
+            i => i.offsetParent !== null && i.complete && i.naturalWidth > 0)).length""")
+
+
+def check_diagrams(page, name):
+    """Every schematic diagram (selfattn.diagrams) is shown with its alt text; the page is
+    screenshotted again in the dark theme, where the diagrams keep their white card."""
+    alts = page.evaluate("""() => [...document.querySelectorAll("img.selfattn-diagram")]
+        .filter(i => i.offsetParent !== null).map(i => i.alt.trim())""")
+    assert all(len(alt) > 20 for alt in alts), f"{name}: a diagram without alt text: {alts}"
+    if not alts:
+        return
+    DIAGRAMS[name] = len(alts)
+    page.evaluate("() => document.documentElement.setAttribute('data-theme', 'dark')")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}_dark.png"), full_page=True)
 
 
 def check_sliders_change_the_heatmap(page, name):
@@ -258,3 +285,14 @@ def check_sliders_change_the_heatmap(page, name):
 def test_some_page_has_a_static_explorer_whose_slider_works():
     # runs after the page tests above (pytest keeps file order): they moved every slider
     assert SLIDERS_MOVED, "no page has a static explorer with a slider"
+
+
+def test_most_chapters_have_a_working_explorer_and_the_diagrams_are_there():
+    # after the page tests above, which counted them
+    chapters = sorted(n for n in EXPLORERS if n.startswith("chapters/"))
+    with_explorer = [n for n in chapters if EXPLORERS[n]]
+    print(f"working explorers on {len(with_explorer)} of {len(chapters)} chapters: "
+          + ", ".join(n.removeprefix("chapters/")[:2] for n in with_explorer))
+    print("diagrams with alt text:", DIAGRAMS)
+    assert len(chapters) == 10 and len(with_explorer) >= 8
+    assert len(DIAGRAMS) >= 5  # chapters 2, 5, 6, 7 and 9 draw schematics
