@@ -130,7 +130,15 @@ def heads(
     panel = (PAGE_WIDTH - 0.9) / ncols  # inches per panel, after the colorbar and labels
     label_pt = min(9.0, 0.8 * 72 * panel / max(L, S))  # one token per label's height
     labels = label_pt >= 7  # 7 pt at 100 dpi is 9.7 px on the page
-    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH, 0.5 + nrows * (panel * L / S + 0.45)),
+    def label_inches(tokens, n):  # the longest token label, at label_pt
+        longest = max((len(str(t)) for t in tokens), default=2) if tokens is not None else len(str(n))
+        return 0.6 * longest * label_pt / 72 if labels else 0.0
+
+    under = label_inches(x_tokens, S)  # the keys, written upwards under each panel
+    beside = label_inches(y_tokens if y_tokens is not None else x_tokens, L)  # the queries
+    side = panel - beside - 0.15  # a panel's heatmap
+    row = side * L / S + under + 0.45  # heatmap, key labels, title and axis label
+    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH, 0.5 + nrows * row),
                              squeeze=False, layout="constrained")
     for h, ax in enumerate(axes.flat):
         if h >= H:
@@ -139,6 +147,7 @@ def heads(
         heatmap(w[h], x_tokens, y_tokens, mask=mask, ax=ax, annot=False, cbar=False,
                 title=f"head {h}")
         ax.tick_params(labelsize=label_pt)
+        ax.tick_params(axis="x", labelrotation=90)
         if not labels:
             ax.set_xticks([])
             ax.set_yticks([])
