@@ -11,9 +11,9 @@ import json
 import pathlib
 import re
 import subprocess
+import tomllib
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -29,13 +29,15 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 class EinopsSelfAttention(nn.Module):
-    """The second article's ``SelfAttention``, fixed: same arguments ``(values, keys, query,
-    mask)``, same parameter names as :class:`~selfattn.MultiHeadAttention`."""
+    """The second article's ``SelfAttention``, fixed: same arguments ``(values, keys,
+    query, mask)``, same parameter names as :class:`~selfattn.MultiHeadAttention`."""
 
     def __init__(self, embed_size: int, heads: int) -> None:
         super().__init__()
         if embed_size % heads:
-            raise ValueError(f"embed_size ({embed_size}) must be divisible by heads ({heads})")
+            raise ValueError(
+                f"embed_size ({embed_size}) must be divisible by heads ({heads})"
+            )
         self.heads = heads
         self.head_dim = embed_size // heads
         # fix 3: full-width projections, one per role, applied in forward
@@ -54,7 +56,7 @@ class EinopsSelfAttention(nn.Module):
         # fix 4: divide by sqrt(head_dim)
         energy = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5
         allowed = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
-        # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the last axis (keys)
+        # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the last axis
         attention = masked_softmax(energy, allowed).to(v.dtype)  # (B, H, L, S)
         out = torch.einsum("bhqk,bhkd->bhqd", attention, v)
         # fix 8: merge heads with the head axis next to the features
