@@ -70,6 +70,12 @@ def test_installing_the_package_changes_no_package_colab_has(colab_python, tmp_p
     changed = {n: v for n, v in would_install.items() if n.replace("_", "-") in present
                and n != "selfattn"}
     assert changed == {}, f"installing selfattn would replace packages Colab has: {changed}"
+    # nor would it install another version of anything the book uses from Colab (the widget
+    # stack included), whatever this simulated environment lacks of Colab's Jupyter server
+    colabs = {n.lower().replace("_", "-") for n in [*colab_env.COLAB_FREEZE, *colab_env.COLAB_OVERLAY,
+                                                   "jupyterlab-widgets", "comm", "jedi"]}
+    touched = {n: v for n, v in would_install.items() if n.replace("_", "-") in colabs}
+    assert touched == {}, f"installing selfattn would install over Colab's own: {touched}"
 
 
 def test_a_static_explorer_on_ipywidgets_7_says_what_it_needs(colab_python):
