@@ -176,22 +176,31 @@ class InputError(ValueError):
     """Raised by an explorer's ``compute`` for input a reader can fix; shown as a short message."""
 
 
+def _small_png(fig: Figure, dpi: int) -> bytes:
+    """The figure as PNG in 256 colours (a colormap has 256 anyway): a static explorer stores
+    every state's picture in the page, and this makes each about three times smaller."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    image = Image.open(buf).convert("RGB").quantize(256, dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    image.save(out, format="png", optimize=True)
+    return out.getvalue()
+
+
 def render_png(view: View | Figure, dpi: int = EXPLORER_DPI) -> bytes:
     """Draw a :class:`View` (or save a ``matplotlib.figure.Figure``, made without pyplot) into
     PNG bytes; nothing leaks into the notebook."""
     if isinstance(view, Figure):
-        buf = io.BytesIO()
-        view.savefig(buf, format="png", dpi=dpi)
-        return buf.getvalue()
+        return _small_png(view, dpi)
     L, S = _pick(_to_numpy(view.weights), 0, 0).shape
     width = min(1.6 + 0.6 * S, EXPLORER_WIDTH)  # at most the page's column at EXPLORER_DPI
     fig = Figure(figsize=(width, 1.0 + (width - 1.6) / S * 0.9 * L))
     ax = fig.add_subplot()
     heatmap(view.weights, view.x_tokens, view.y_tokens, mask=view.mask, title=view.title, ax=ax)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    return _small_png(fig, dpi)
 
 
 def explorer(
