@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -29,12 +28,11 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Circle, FancyBboxPatch, Polygon
-from PIL import Image
 
 from .masks import causal_mask
 from .multihead import AttentionConfig, MultiHeadAttention
 from .positional import apply_rope
-from .viz import PAGE_WIDTH
+from .viz import PAGE_WIDTH, png_256
 
 DPI = 100  # the book shows a notebook's PNG at 100 dpi, full size up to PAGE_WIDTH inches
 PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 pt (scripts at 7)
@@ -57,12 +55,7 @@ class Diagram:
         """The figure as PNG bytes at 100 dpi, opaque white behind, in 256 colours (a diagram has
         few; this makes the file three times smaller, and the same bytes on every run)."""
         if self._png is None:
-            buf = io.BytesIO()
-            self.figure.savefig(buf, format="png", dpi=DPI, facecolor="white")
-            image = Image.open(buf).convert("RGB").quantize(256, dither=Image.Dither.NONE)
-            buf = io.BytesIO()
-            image.save(buf, format="png", optimize=True)
-            self._png = buf.getvalue()
+            self._png = png_256(self.figure, DPI)
         return self._png
 
     def _repr_html_(self) -> str:

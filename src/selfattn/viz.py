@@ -176,9 +176,10 @@ class InputError(ValueError):
     """Raised by an explorer's ``compute`` for input a reader can fix; shown as a short message."""
 
 
-def _small_png(fig: Figure, dpi: int) -> bytes:
-    """The figure as PNG in 256 colours (a colormap has 256 anyway): a static explorer stores
-    every state's picture in the page, and this makes each about three times smaller."""
+def png_256(fig: Figure, dpi: int) -> bytes:
+    """The figure as PNG, opaque white behind, in 256 colours (a colormap has 256 anyway, a
+    diagram few): about three times smaller, for pictures stored in the page (every state of a
+    static explorer, every diagram)."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -193,14 +194,14 @@ def render_png(view: View | Figure, dpi: int = EXPLORER_DPI) -> bytes:
     """Draw a :class:`View` (or save a ``matplotlib.figure.Figure``, made without pyplot) into
     PNG bytes; nothing leaks into the notebook."""
     if isinstance(view, Figure):
-        return _small_png(view, dpi)
+        return png_256(view, dpi)
     L, S = _pick(_to_numpy(view.weights), 0, 0).shape
     width = min(1.6 + 0.6 * S, EXPLORER_WIDTH)  # at most the page's column at EXPLORER_DPI
     fig = Figure(figsize=(width, 1.0 + (width - 1.6) / S * 0.9 * L))
     ax = fig.add_subplot()
     heatmap(view.weights, view.x_tokens, view.y_tokens, mask=view.mask, title=view.title, ax=ax)
     fig.tight_layout()
-    return _small_png(fig, dpi)
+    return png_256(fig, dpi)
 
 
 def explorer(
