@@ -21,6 +21,7 @@ with it and without it, side by side, and the difference is worth having
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 
@@ -141,10 +142,16 @@ def _decode_chunks(q: Tensor, k: Tensor) -> int:
     """
     B, H_kv, n_queries, _ = q.shape
     if (not ENABLED["split_kv"] or q.device.type != "cpu" or B != 1 or n_queries > 64
-            or k.shape[2] < SPLIT_KV_MIN_KEYS
-            or not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
+            or k.shape[2] < SPLIT_KV_MIN_KEYS or _flash_with_lse() is None):
         return 1
     return torch.get_num_threads() // H_kv
+
+
+@functools.cache
+def _flash_with_lse():
+    """PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp of each row of
+    scores; ``None`` where this build of PyTorch lacks it (a private op, looked up on first use)."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
@@ -154,7 +161,7 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
     Each part $c$ returns its output $o_c$ and the log-sum-exp $\ell_c$ of its scores; the exact
     result is $\sum_c e^{\ell_c - \ell}\, o_c$ with $\ell = \log \sum_c e^{\ell_c}$.
     """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, lse)
+    flash = _flash_with_lse()  # returns (out, lse, ...)
     _, H_kv, n, hd = q.shape
     S = k.shape[2]
     m = S // chunks
