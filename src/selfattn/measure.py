@@ -171,7 +171,6 @@ def decode_bytes(d_model: int, n_heads: int, n_kv_heads: int, context: int,
     return {"weights": weights, "cache": cache, "total": weights + cache}
 
 
-
 def peak_memory(fn: Callable[[], object]) -> int:
     """Peak bytes of tensor storage that ``fn()`` holds at once, beyond what existed before.
 
