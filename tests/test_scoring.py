@@ -4,6 +4,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import selfattn
 from selfattn import scoring
@@ -83,3 +86,20 @@ def test_scored_self_attention_module(name):
     assert out.shape == (2, 5, 8) and w.shape == (2, 1, 5, 5)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 5))
     assert m(torch.randn(2, 5, 8))[1] is None
+
+
+@settings(max_examples=60)
+@given(magnitude=st.sampled_from([1.0, 10.0, 100.0, 300.0]),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+       scorer=st.sampled_from(["dot", "scaled_dot"]),
+       seed=st.integers(0, 10_000))
+def test_no_overflow_where_pytorchs_fused_kernel_stays_finite(magnitude, dtype, scorer, seed):
+    # the dot-product scorers multiply half-precision inputs in float32, as the fused kernel does
+    q = (magnitude * torch.randn(1, 1, 3, 4, generator=torch.Generator().manual_seed(seed))).to(dtype)
+    scale = 1.0 if scorer == "dot" else None
+    expected = F.scaled_dot_product_attention(q, q, q, scale=scale)
+    out, weights = scoring.attention(q, q, q, scorer=getattr(scoring, f"{scorer}_scores"))
+    assert out.dtype == weights.dtype == dtype
+    if expected.isfinite().all():
+        assert out.isfinite().all() and weights.isfinite().all()
+        torch.testing.assert_close(out, expected, atol=0.05 * magnitude, rtol=0.05)

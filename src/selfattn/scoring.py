@@ -37,16 +37,23 @@ def _check_pair(query: object, key: object, same_width: bool) -> None:
 
 
 def dot_scores(query: Tensor, key: Tensor) -> Tensor:
-    r"""$q \cdot k$ for every query and key: ``(..., L, E), (..., S, E) -> (..., L, S)``."""
+    r"""$q \cdot k$ for every query and key: ``(..., L, E), (..., S, E) -> (..., L, S)``.
+
+    Half-precision inputs are multiplied in float32 (the scores come back in float32): a float16
+    product of large entries overflows to infinity.
+    """
     _check_pair(query, key, same_width=True)
-    return query @ key.transpose(-2, -1)  # (..., L, S)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    return query.to(dtype) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
 
 
 def scaled_dot_scores(query: Tensor, key: Tensor, scale: float | None = None) -> Tensor:
-    r"""$q \cdot k \cdot \text{scale}$, by default $\text{scale} = 1/\sqrt{d_k}$."""
+    r"""$q \cdot k \cdot \text{scale}$, by default $\text{scale} = 1/\sqrt{d_k}$; half-precision
+    inputs are multiplied in float32, as in :func:`dot_scores`."""
     _check_pair(query, key, same_width=True)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    return (query * scale) @ key.transpose(-2, -1)  # (..., L, S)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    return (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
 
 
 class AdditiveScorer(nn.Module):
