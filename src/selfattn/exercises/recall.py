@@ -182,7 +182,7 @@ def check_additive_bytes(fn: object) -> str:
 @_checker
 def check_article_attention_shape(answer: object) -> str:
     """Chapter 6, exercise 1: the shape of the article's ``attention`` for batch 3, 4 heads,
-    n_q = 5 and n_k = 7."""
+    5 queries and 7 keys."""
     if not isinstance(answer, tuple) or not all(isinstance(a, int) for a in answer):
         raise NotYet(f"give a tuple of ints, like (1, 2, 3); got {answer!r}")
     if answer == (3, 4, 5, 7):
@@ -190,7 +190,8 @@ def check_article_attention_shape(answer: object) -> str:
                      "dimensions")
     if answer != (3 * 4, 5, 7):
         raise NotYet(f"{answer} is not the shape; follow the view/permute of q and k")
-    return "heads and batch are merged into one leading dimension: (num_head * batch, n_q, n_k)"
+    return ("heads and batch are merged into one leading dimension: (heads x batch, queries, keys) "
+            "= (12, 5, 7)")
 
 
 @_checker
