@@ -66,6 +66,20 @@ CASES = [
      lambda: AttentionTagger(8, 3, positions="relative"), ValueError,
      ["positions", "'relative'", "rope"]),
     ("causal mask of zero length", lambda: selfattn.causal_mask(0), ValueError, ["L", "0"]),
+    ("masked_softmax with a float 0/1 mask",
+     lambda: selfattn.masked_softmax(torch.zeros(2, 3), torch.tensor([[1.0, 0.0, 1.0]])), TypeError,
+     ["attn_mask", "0 and 1", "bool"]),
+    ("masked_softmax mask does not broadcast",
+     lambda: selfattn.masked_softmax(torch.zeros(2, 3), torch.ones(4, 3, dtype=torch.bool)),
+     ValueError, ["attn_mask", "(4, 3)", "(2, 3)"]),
+    ("split_heads: width not a multiple of n_heads",
+     lambda: selfattn.split_heads(torch.zeros(2, 3, 10), 4), ValueError, ["10", "4 heads"]),
+    ("split_heads of rank 2", lambda: selfattn.split_heads(torch.zeros(3, 10), 2), ValueError,
+     ["(batch, seq, n_heads * head_dim)", "(3, 10)"]),
+    ("merge_heads of rank 3", lambda: selfattn.merge_heads(torch.zeros(2, 3, 10)), ValueError,
+     ["(batch, n_heads, seq, head_dim)", "(2, 3, 10)"]),
+    ("repeat_kv zero times", lambda: selfattn.repeat_kv(torch.zeros(1, 2, 3, 4), 0), ValueError,
+     ["n_rep", "0"]),
 ]
 
 

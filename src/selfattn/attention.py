@@ -9,6 +9,7 @@ kernels never materialise.
 
 :func:`scaled_dot_product_attention` checks its inputs and calls :func:`attend`, the computation
 itself; code that has checked its inputs already (``MultiHeadAttention``) calls :func:`attend`.
+:func:`masked_softmax` does the same with its unchecked core.
 The faster variants the library also uses live in :mod:`selfattn.fastpaths`.
 """
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_attention_inputs
+from .checks import check_attention_inputs, check_mask, check_tensor
 from .masks import causal_mask
 
 
@@ -39,6 +40,14 @@ def masked_softmax(
     half-precision scores neither overflow nor lose their small weights; the result is in that
     softmax dtype.
     """
+    check_tensor(scores, "scores", min_rank=2)
+    if attn_mask is not None:
+        check_mask(attn_mask, tuple(scores.shape))
+    return _masked_softmax(scores, attn_mask, is_causal)
+
+
+def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """:func:`masked_softmax` without checking its inputs (for callers that have)."""
     keep = None  # bool, broadcastable to scores: where a query may attend
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         keep = attn_mask
@@ -72,7 +81,7 @@ def attend(
     # inputs are multiplied in float32: a float16 product of large entries can overflow.
     dtype = torch.promote_types(query.dtype, torch.float32)
     scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
-    weights = masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
+    weights = _masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ value, weights  # (..., L, Ev), (..., L, S)

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .checks import check_positive_int
+
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(B, T, n_heads * hd)`` -> ``(B, n_heads, T, hd)``: head ``h`` is features
     ``h * hd .. (h + 1) * hd - 1`` of every token."""
-    B, T, width = x.shape
+    B, T, width = _shape(x, "(batch, seq, n_heads * head_dim)")
+    if width % check_positive_int(n_heads, "n_heads"):
+        raise ValueError(f"{width} features do not split into {n_heads} heads of equal width")
     return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, H, T, hd)
 
 
 def merge_heads(x: Tensor) -> Tensor:
     """``(B, n_heads, T, hd)`` -> ``(B, T, n_heads * hd)``: each token's heads side by side."""
-    B, H, T, hd = x.shape
+    B, H, T, hd = _shape(x, "(batch, n_heads, seq, head_dim)")
     return x.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
 
 
@@ -34,4 +38,15 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """``(B, H_kv, S, hd)`` -> ``(B, H_kv * n_rep, S, hd)``: key/value head ``j`` serves query
     heads ``j * n_rep .. (j + 1) * n_rep - 1``. This copies the keys ``n_rep`` times;
     :mod:`selfattn.fastpaths` gets the same result without."""
-    return x.repeat_interleave(n_rep, dim=1)  # (B, H_kv * n_rep, S, hd)
+    _shape(x, "(batch, n_kv_heads, seq, head_dim)")
+    return x.repeat_interleave(check_positive_int(n_rep, "n_rep"), dim=1)  # (B, H_kv * n_rep, S, hd)
+
+
+def _shape(x: Tensor, layout: str) -> tuple[int, ...]:
+    """``x``'s shape, checked to have as many dimensions as ``layout`` names."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    rank = layout.count(",") + 1
+    if x.dim() != rank:
+        raise ValueError(f"x must be {layout}, {rank} dimensions; got shape {tuple(x.shape)}")
+    return tuple(x.shape)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import masked_softmax
+from .attention import _masked_softmax
 from .checks import check_dropout, check_mask, check_positive_int, check_same_dtype_device, check_tensor
 
 Scorer = Callable[[Tensor, Tensor], Tensor]
@@ -105,7 +105,7 @@ def attention(
         )
     if attn_mask is not None:
         check_mask(attn_mask, tuple(scores.shape))
-    weights = masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
+    weights = _masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
     if check_dropout(dropout_p) > 0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ value, weights  # (..., L, Ev), (..., L, S)
