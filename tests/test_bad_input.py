@@ -78,6 +78,8 @@ CASES = [
      ["(batch, seq, n_heads * head_dim)", "(3, 10)"]),
     ("merge_heads of rank 3", lambda: selfattn.merge_heads(torch.zeros(2, 3, 10)), ValueError,
      ["(batch, n_heads, seq, head_dim)", "(2, 3, 10)"]),
+    ("a config built by position, not by keyword", lambda: selfattn.AttentionConfig(16, 4),
+     TypeError, ["positional"]),
     ("repeat_kv zero times", lambda: selfattn.repeat_kv(torch.zeros(1, 2, 3, 4), 0), ValueError,
      ["n_rep", "0"]),
 ]

@@ -29,7 +29,7 @@ from .masks import causal_mask
 from .positional import apply_rope
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
     """The sizes of a :class:`MultiHeadAttention`; checks itself when created.
 

@@ -37,7 +37,7 @@ SHA256 = {
 FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BertConfig:
     """The sizes of a BERT encoder, as its ``config.json`` names them."""
 
