@@ -48,9 +48,11 @@ def decode_benchmark(
     """Time one decoding step (one new token, batch 1) for MHA, GQA and MQA at each context.
 
     Every variant holds a KV cache of ``context`` tokens; ``naive`` adds the GQA/MQA variants that
-    ``repeat_interleave`` their cache (:func:`naive_decode_step`). Variants are interleaved in a
-    rotated order in each repeat, so a slow moment of a shared machine hits all of them; the
-    first ``warmup`` repeats are dropped; each row gives the median time per token in ms.
+    copy their cache for every query head (:func:`~selfattn.heads.repeat_kv`, with
+    ``fastpaths.disabled("grouped_heads")``). Variants are interleaved in a rotated order in each
+    repeat, so a slow moment of a shared machine hits all of them; the first ``warmup`` repeats
+    are dropped; each row gives the median time per token in ms. Each sample is one call, not
+    :func:`~selfattn.measure.compare`'s loop of calls: every call appends a token to the cache.
     """
     torch.manual_seed(seed)
     models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).eval()

@@ -9,6 +9,7 @@ import math
 import torch
 
 from ..attention import scaled_dot_product_attention
+from ..heads import repeat_kv
 from ..masks import causal_mask, padding_mask
 from ..measure import attention_flops, influence
 from ..models import CNNTagger, WindowTagger, count_parameters
@@ -229,12 +230,12 @@ def check_repeat_kv(fn: object) -> str:
     """Chapter 7, exercise 2: ``fn(k, g)`` repeats each key head ``g`` times, as
     ``k.repeat_interleave(g, dim=1)`` does, for ``k`` of shape (B, H_kv, S, hd)."""
     k = torch.arange(2 * 3 * 4 * 2, dtype=torch.float32).reshape(2, 3, 4, 2)
-    want = k.repeat_interleave(4, dim=1)
+    want = repeat_kv(k, 4)  # (2, 12, 4, 2)
     got = _tensor(_call(fn, k, 4), want)
     if torch.equal(got, k.repeat(1, 4, 1, 1)):
         raise NotYet("that is k.repeat: heads 0, 1, 2, 0, 1, 2, ...; GQA wants 0, 0, 0, 0, 1, 1, ...")
     if not torch.equal(got, want):
-        raise NotYet("the values differ from repeat_interleave")
+        raise NotYet("the values differ from selfattn.repeat_kv (k.repeat_interleave(g, dim=1))")
     return "head h of the result is key head h // g (Hugging Face calls this repeat_kv)"
 
 
