@@ -72,6 +72,17 @@ def test_to_torch_refuses_what_pytorch_cannot_express():
         selfattn.MultiHeadAttention.from_torch(nn.Linear(4, 4))
 
 
+def test_load_projections_copies_four_linear_layers():
+    torch.manual_seed(0)
+    fc = [nn.Linear(12, 12), nn.Linear(10, 12), nn.Linear(6, 12), nn.Linear(12, 5)]
+    ours = selfattn.MultiHeadAttention(12, 4, kdim=10, vdim=6, out_dim=5)
+    assert ours.load_projections(*fc) is ours
+    for mine, theirs in zip([ours.q_proj, ours.k_proj, ours.v_proj, ours.out_proj], fc, strict=True):
+        assert torch.equal(mine.weight, theirs.weight) and torch.equal(mine.bias, theirs.bias)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        ours.load_projections(fc[1], fc[1], fc[2], fc[3])
+
+
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4, 8])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_grouped_query_attention_is_mha_with_shared_kv_heads(n_kv_heads, need_weights):

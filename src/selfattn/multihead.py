@@ -247,6 +247,17 @@ class MultiHeadAttention(nn.Module):
             S = key.shape[1] + (0 if kv_cache is None else kv_cache.length)
             check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S))
 
+    def load_projections(self, q: nn.Linear, k: nn.Linear, v: nn.Linear,
+                         out: nn.Linear) -> MultiHeadAttention:
+        """Copy four ``nn.Linear`` layers into ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``
+        (for example another implementation's ``fc_q``, ``fc_k``, ``fc_v``, ``fc_o``); returns
+        ``self``. Shapes must match: ``load_state_dict`` names any that do not."""
+        with torch.no_grad():
+            for mine, theirs in zip((self.q_proj, self.k_proj, self.v_proj, self.out_proj),
+                                    (q, k, v, out), strict=True):
+                mine.load_state_dict(theirs.state_dict())
+        return self
+
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
         """The layer that computes what ``module`` computes, on batch-first inputs, with its
