@@ -209,3 +209,26 @@ def test_chunks_after_a_cache_get_the_bottom_right_causal_mask(n_kv_heads, need_
         outs.append(out)
         start += size
     torch.testing.assert_close(torch.cat(outs, dim=1), full)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_forward_checks_its_inputs_once_then_calls_the_unchecked_cores(monkeypatch, need_weights):
+    # Validate once: forward checks query, key, value and the mask itself; the head helpers it
+    # calls (split, merge, and repeat when grouped heads are copied) must be the unchecked cores,
+    # not the public functions that check again.
+    import selfattn.heads
+
+    def checked_again(*args, **kwargs):
+        raise AssertionError("forward called a public helper that checks its inputs again")
+
+    monkeypatch.setattr(selfattn.heads, "_shape", checked_again)
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(16, 4, n_kv_heads=2, rope=True).eval()
+    cache = selfattn.KVCache()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), selfattn.fastpaths.disabled("grouped_heads"):
+        out, _ = layer(x, is_causal=True, need_weights=need_weights, kv_cache=cache)
+        layer(x[:, :1], is_causal=True, need_weights=need_weights, kv_cache=cache)
+    assert out.shape == (2, 5, 16)
+    with pytest.raises(AssertionError, match="checks its inputs again"):
+        selfattn.heads.split_heads(x, 4)  # the patch is live: the public helper would trip it

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attend as readable_attend
-from .heads import repeat_kv
+from .heads import _repeat_kv
 from .masks import causal_mask
 
 ENABLED = {"grouped_heads": True, "inplace_softmax": True, "split_kv": True}
@@ -62,7 +62,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal:
     B, H, L, hd = q.shape
     S, g = k.shape[2], H // k.shape[1]
     if g > 1 and not ENABLED["grouped_heads"]:
-        k, v, g = repeat_kv(k, g), repeat_kv(v, g), 1  # (B, H, S, hd): a copy per query head
+        k, v, g = _repeat_kv(k, g), _repeat_kv(v, g), 1  # (B, H, S, hd): a copy per query head
     if g > 1:  # a group's query heads, stacked along the sequence, attend to its key head at once
         if is_causal:
             attn_mask, is_causal = causal_mask(L, S, device=q.device), False  # (L, S)

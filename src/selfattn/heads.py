@@ -22,16 +22,16 @@ from .checks import check_positive_int
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(B, T, n_heads * hd)`` -> ``(B, n_heads, T, hd)``: head ``h`` is features
     ``h * hd .. (h + 1) * hd - 1`` of every token."""
-    B, T, width = _shape(x, "(batch, seq, n_heads * head_dim)")
+    width = _shape(x, "(batch, seq, n_heads * head_dim)")[-1]
     if width % check_positive_int(n_heads, "n_heads"):
         raise ValueError(f"{width} features do not split into {n_heads} heads of equal width")
-    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, H, T, hd)
+    return _split_heads(x, n_heads)
 
 
 def merge_heads(x: Tensor) -> Tensor:
     """``(B, n_heads, T, hd)`` -> ``(B, T, n_heads * hd)``: each token's heads side by side."""
-    B, H, T, hd = _shape(x, "(batch, n_heads, seq, head_dim)")
-    return x.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
+    _shape(x, "(batch, n_heads, seq, head_dim)")
+    return _merge_heads(x)
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -39,7 +39,25 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     heads ``j * n_rep .. (j + 1) * n_rep - 1``. This copies the keys ``n_rep`` times;
     :mod:`selfattn.fastpaths` gets the same result without."""
     _shape(x, "(batch, n_kv_heads, seq, head_dim)")
-    return x.repeat_interleave(check_positive_int(n_rep, "n_rep"), dim=1)  # (B, H_kv * n_rep, S, hd)
+    return _repeat_kv(x, check_positive_int(n_rep, "n_rep"))
+
+
+# The unchecked cores: MultiHeadAttention and the fast paths, which have checked their inputs
+# already, call these (validate once, at the public boundary).
+
+
+def _split_heads(x: Tensor, n_heads: int) -> Tensor:
+    B, T, width = x.shape
+    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, H, T, hd)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    B, H, T, hd = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    return x.repeat_interleave(n_rep, dim=1)  # (B, H_kv * n_rep, S, hd)
 
 
 def _shape(x: Tensor, layout: str) -> tuple[int, ...]:

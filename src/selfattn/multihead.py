@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from . import fastpaths
 from .checks import check_dropout, check_mask, check_positive_int, check_tensor
-from .heads import merge_heads, repeat_kv, split_heads
+from .heads import _merge_heads, _split_heads, repeat_kv
 from .masks import causal_mask
-from .positional import apply_rope
+from .positional import _apply_rope
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,12 +197,12 @@ class MultiHeadAttention(nn.Module):
         # project: (B, L, H*hd) queries, (B, S_new, H_kv*hd) keys and values
         q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
         # split heads
-        q = split_heads(q, cfg.n_heads)  # (B, H, L, hd)
-        k, v = split_heads(k, cfg.n_kv_heads), split_heads(v, cfg.n_kv_heads)  # (B, H_kv, S_new, hd)
+        q = _split_heads(q, cfg.n_heads)  # (B, H, L, hd)
+        k, v = _split_heads(k, cfg.n_kv_heads), _split_heads(v, cfg.n_kv_heads)  # (B, H_kv, S_new, hd)
         # rotate: the new tokens sit at positions P, P + 1, ...
         if cfg.rope:
-            q = apply_rope(q, torch.arange(P, P + L, device=q.device))
-            k = apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
+            q = _apply_rope(q, torch.arange(P, P + L, device=q.device))
+            k = _apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
         # cache: attend to every token so far (the keys are stored rotated)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
@@ -217,7 +217,7 @@ class MultiHeadAttention(nn.Module):
         dropout_p = cfg.dropout_p if self.training else 0.0
         out, weights = fastpaths.attend(q, k, v, attn_mask, is_causal, dropout_p, need_weights)
         # merge heads
-        return self.out_proj(merge_heads(out)), weights  # (B, L, out_dim)
+        return self.out_proj(_merge_heads(out)), weights  # (B, L, out_dim)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
                       kv_cache: KVCache | None) -> None:

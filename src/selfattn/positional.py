@@ -63,13 +63,18 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
     $\langle R_m q, R_n k \rangle$ depends on $m - n$ only: the score sees relative position.
     ``positions`` defaults to ``0 .. T-1`` (pass an offset range when decoding with a cache).
     """
-    d = x.shape[-1]
-    if d % 2:
+    if x.shape[-1] % 2:
         raise ValueError(f"RoPE rotates pairs of features: the last dimension must be even, "
                          f"got shape {tuple(x.shape)}")
-    T = x.shape[-2]
     if positions is None:
-        positions = torch.arange(T, device=x.device)
+        positions = torch.arange(x.shape[-2], device=x.device)
+    return _apply_rope(x, positions, base)
+
+
+def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """:func:`apply_rope` without checking its inputs (``MultiHeadAttention`` checked its sizes
+    when it was built)."""
+    d = x.shape[-1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in fp32 at least, fp64 if given
     theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
     angles = positions.to(dtype)[:, None] * theta  # (T, d/2)
