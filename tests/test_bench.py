@@ -1,9 +1,10 @@
 """The benchmarks of make bench, run tiny: their rows and ratios (times are make bench's job)."""
 
+import pytest
 import torch
 
 import selfattn
-from selfattn import bench, fastpaths, measure
+from selfattn import baselines, bench, fastpaths, measure
 
 
 def test_attention_benchmark_rows_and_their_ratios():
@@ -33,10 +34,27 @@ def test_decode_bytes_and_a_tiny_decode_benchmark():
     assert mha["cache"] == 2 * 16 * 16384 * 64 * 4 and mha["cache"] == 16 * mqa["cache"]
     assert mha["weights"] == 4 * 1024 * 1024 * 4
     rows = bench.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
-                                  repeats=2, warmup=1)
-    assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive"}
+                                  bare=True, repeats=2, warmup=1)
+    assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive",
+                                            "MHA bare", "MQA bare"}
     assert all(r["ms_per_token"] > 0 for r in rows)
     assert "MQA naive" in bench.decode_table(rows)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("context", [9, 4100])  # F.sdpa, then the split cache for GQA-2 and MQA
+def test_the_bare_decode_step_computes_what_the_layer_computes(monkeypatch, n_kv_heads, context):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # split the cache as on 4 cores
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
+    cache_a, x = bench._decode_inputs(m, context)
+    cache_b, _ = bench._decode_inputs(m, context)
+    with torch.no_grad():
+        for _ in range(2):  # an odd cache length, then an even one
+            x = torch.randn(1, 1, 32)
+            torch.testing.assert_close(baselines.bare_decode_step(m, x, cache_a),
+                                       m(x, is_causal=True, kv_cache=cache_b)[0])
+    assert cache_a.length == cache_b.length == context + 2
 
 
 def test_the_naive_decode_step_copies_the_cache_and_computes_the_same():

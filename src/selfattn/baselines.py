@@ -5,15 +5,22 @@ The article splits and merges heads with einops' ``rearrange`` and computes the 
 :class:`EinopsSelfAttention` is that class with every fix applied (the chapter shows this code),
 and :func:`einsum_attention` its core; :func:`matmul_attention` is the same core written with
 ``@``, the control that shows what einsum costs. ``make bench`` times them beside the library.
+
+:func:`bare_decode_step` is one decoding step of a :class:`~selfattn.MultiHeadAttention` with
+the same kernels and none of the layer's Python around them; ``make bench`` times it beside the
+layer to show what that Python costs per token.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from . import fastpaths
 from .attention import masked_softmax
+from .multihead import KVCache, MultiHeadAttention
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -62,3 +69,21 @@ class EinopsSelfAttention(nn.Module):
         # fix 8: merge heads with the head axis next to the features
         out = rearrange(out, "b h n d -> b n (h d)")
         return self.out_proj(out)
+
+
+def bare_decode_step(layer: MultiHeadAttention, x: Tensor, cache: KVCache) -> Tensor:
+    """What ``layer(x, is_causal=True, kv_cache=cache)[0]`` computes for one new token ``x``
+    ``(1, 1, d_model)`` (batch 1, inference, no RoPE), as one function: the same products, the
+    same cache and the same attention kernels, without the layer's input checks, submodule
+    calls and helpers. The one new query sees every cached key, so no mask is needed."""
+    cfg = layer.config
+    H, H_kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = F.linear(x, layer.q_proj.weight, layer.q_proj.bias)  # (1, 1, H*hd)
+    k = F.linear(x, layer.k_proj.weight, layer.k_proj.bias)  # (1, 1, H_kv*hd)
+    v = F.linear(x, layer.v_proj.weight, layer.v_proj.bias)  # (1, 1, H_kv*hd)
+    q = q.view(1, H_kv, H // H_kv, hd)  # (1, H_kv, g, hd): each group's query heads stacked
+    k, v = cache.append(k.view(1, H_kv, 1, hd), v.view(1, H_kv, 1, hd))  # (1, H_kv, S, hd)
+    chunks = fastpaths._decode_chunks(q, k)
+    out = (fastpaths._split_kv_attention(q, k, v, chunks) if chunks > 1
+           else F.scaled_dot_product_attention(q, k, v))  # (1, H_kv, g, hd)
+    return F.linear(out.reshape(1, 1, H * hd), layer.out_proj.weight, layer.out_proj.bias)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from . import fastpaths
 from .attention import scaled_dot_product_attention
-from .baselines import EinopsSelfAttention, einsum_attention, matmul_attention
+from .baselines import EinopsSelfAttention, bare_decode_step, einsum_attention, matmul_attention
 from .measure import attention_flops, compare, decode_bytes, fit_exponent, mha_flops, peak_memory, synchronize
 from .multihead import KVCache, MultiHeadAttention
 from .tiled import tiled_attention
@@ -41,6 +41,7 @@ def decode_benchmark(
     n_heads: int = 16,
     kv_heads: tuple[int, ...] = (16, 4, 1),
     naive: bool = True,
+    bare: bool = False,
     repeats: int = 15,
     warmup: int = 3,
     seed: int = 0,
@@ -49,39 +50,48 @@ def decode_benchmark(
 
     Every variant holds a KV cache of ``context`` tokens; ``naive`` adds the GQA/MQA variants that
     copy their cache for every query head (:func:`~selfattn.heads.repeat_kv`, with
-    ``fastpaths.disabled("grouped_heads")``). Variants are interleaved in a rotated order in each
-    repeat, so a slow moment of a shared machine hits all of them; the first ``warmup`` repeats
-    are dropped; each row gives the median time per token in ms. Each sample is one call, not
+    ``fastpaths.disabled("grouped_heads")``); ``bare`` adds MHA and MQA computed by
+    :func:`~selfattn.baselines.bare_decode_step`, the layer's kernels without its Python.
+    Variants are interleaved in a rotated order in each repeat, so a slow moment of a shared
+    machine hits all of them; the first ``warmup`` repeats are dropped; each row gives the
+    median time per token in ms. Each sample is one call, not
     :func:`~selfattn.measure.compare`'s loop of calls: every call appends a token to the cache.
     """
     torch.manual_seed(seed)
     models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).eval()
               for kv in kv_heads}
     names = {kv: "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}" for kv in kv_heads}
+    variants = [(names[kv], kv, "layer") for kv in kv_heads]
+    if naive:
+        variants += [(f"{names[kv]} naive", kv, "naive") for kv in kv_heads if kv != n_heads]
+    if bare:
+        variants += [(f"{names[kv]} bare", kv, "bare") for kv in kv_heads if kv in (1, n_heads)]
+
+    def step(kv: int, how: str, cache: KVCache, x: Tensor) -> None:
+        if how == "bare":
+            bare_decode_step(models[kv], x, cache)
+        elif how == "naive":
+            with fastpaths.disabled("grouped_heads"):
+                models[kv](x, is_causal=True, kv_cache=cache)
+        else:
+            models[kv](x, is_causal=True, kv_cache=cache)
+
     rows = []
     for context in contexts:
-        variants = [(names[kv], kv, False) for kv in kv_heads]
-        if naive:
-            variants += [(f"{names[kv]} naive", kv, True) for kv in kv_heads if kv != n_heads]
         states = {name: _decode_inputs(models[kv], context, seed) for name, kv, _ in variants}
         samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         with torch.no_grad():
             for r in range(warmup + repeats):
-                order = variants[r % len(variants):] + variants[: r % len(variants)]
-                for name, kv, is_naive in order:
-                    cache, x = states[name]
+                for name, kv, how in variants[r % len(variants):] + variants[: r % len(variants)]:
                     synchronize()
                     start = time.perf_counter()
-                    if is_naive:
-                        with fastpaths.disabled("grouped_heads"):
-                            models[kv](x, is_causal=True, kv_cache=cache)
-                    else:
-                        models[kv](x, is_causal=True, kv_cache=cache)
+                    step(kv, how, *states[name])
                     synchronize()
                     if r >= warmup:
                         samples[name].append(time.perf_counter() - start)
-        for name, kv, is_naive in variants:
-            rows.append({"context": context, "variant": name, "n_kv_heads": kv, "naive": is_naive,
+        for name, kv, how in variants:
+            rows.append({"context": context, "variant": name, "n_kv_heads": kv,
+                         "naive": how == "naive", "bare": how == "bare",
                          "ms_per_token": 1e3 * statistics.median(samples[name])})
     return rows
 
@@ -370,8 +380,10 @@ def main(out_dir: str = "_build/bench") -> None:
           "speed-up over MHA")
     # 45 samples per variant and context, three times the chapter's 15: a shared machine's
     # timings of one step spread by 10-20%, and the targets below compare medians
-    decode = decode_benchmark([256, 1024, 4096, 8192, 16384], repeats=45)
+    decode = decode_benchmark([256, 1024, 4096, 8192, 16384], repeats=45, bare=True)
     print(decode_table(decode))
+    print("  (bare: the same step as one function, baselines.bare_decode_step: the layer's "
+          "kernels without its checks,\n   submodule calls and helpers)")
     step = {(r["context"], r["variant"]): r["ms_per_token"] for r in decode}
     print("decode targets (chapter 7)")
     for label, a, b, context, goal in [
@@ -388,6 +400,9 @@ def main(out_dir: str = "_build/bench") -> None:
     print(f"  (for information, not a target: at 16384 an MHA step reads {read[16] / read[1]:.1f}x the "
           "bytes of an MQA step,\n   the speed-up if both were bound by memory alone; both do the "
           "same attention FLOPs)")
+    print(f"  (for information, not a target: at 16384 the same steps without the layer's Python "
+          f"take MHA {step[(16384, 'MHA bare')]:.2f} ms\n   and MQA {step[(16384, 'MQA bare')]:.2f} ms, "
+          f"a {step[(16384, 'MHA bare')] / step[(16384, 'MQA bare')]:.2f}x speed-up)")
 
     for name, table in [("attention", rows), ("fastpaths", fast), ("scaling", scaling),
                         ("decode", decode)]:
