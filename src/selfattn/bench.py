@@ -344,10 +344,10 @@ def main(out_dir: str = "_build/bench") -> None:
     print("targets (ratio of times, measured side by side in this run)")
     for label, mode, a, b, goal in targets:
         ratio = ms[(mode, a)] / ms[(mode, b)]
-        print(f"  {label:52s} {ratio:5.2f}  target <= {goal:.2f}  {'met' if ratio <= goal else 'MISSED'}")
+        print(f"  {label:52s} {ratio:6.3f}  target <= {goal:.2f}  {'met' if ratio <= goal else 'MISSED'}")
     for mode, short in [("forward", "forward"), ("forward+backward", "fwd+bwd")]:
         ratio = ms[(mode, FLOOR)] / ms[(mode, fast)]
-        print(f"  {'floor / fast path, ' + short:52s} {ratio:5.2f}  target >= 0.85  "
+        print(f"  {'floor / fast path, ' + short:52s} {ratio:6.3f}  target >= 0.85  "
               f"{'met' if ratio >= 0.85 else 'MISSED'}")
     forward = {r["variant"]: r["gflops"] for r in rows if r["mode"] == "forward"}
     best = max(g for name, g in forward.items() if name != FLOOR)
@@ -374,7 +374,7 @@ def main(out_dir: str = "_build/bench") -> None:
               f"memory as T^{fit_exponent(sizes, [r['peak_mb'] for r in long]):.2f} (T >= 1024)")
     print("tiled attention targets (chapter 9; ratios measured side by side in this run)")
     for label, ratio, op, goal, met in tiled_targets(scaling):
-        print(f"  {label:52s} {ratio:5.2f}  target {op:2s} {goal:.2f}  {'met' if met else 'MISSED'}")
+        print(f"  {label:52s} {ratio:6.3f}  target {op:2s} {goal:.2f}  {'met' if met else 'MISSED'}")
     print()
     print("decode: one new token, batch 1, d_model=1024, 16 query heads of 64; ms per token, "
           "speed-up over MHA")
@@ -395,7 +395,7 @@ def main(out_dir: str = "_build/bench") -> None:
         ("MQA naive slow-down at 16384", "MQA naive", "MQA", 16384, 4.0),
     ]:
         ratio = step[(context, a)] / step[(context, b)]
-        print(f"  {label:52s} {ratio:5.2f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
+        print(f"  {label:52s} {ratio:6.3f}  target >= {goal:.2f}  {'met' if ratio >= goal else 'MISSED'}")
     read = {kv: decode_bytes(1024, 16, kv, 16384)["total"] for kv in (16, 1)}
     print(f"  (for information, not a target: at 16384 an MHA step reads {read[16] / read[1]:.1f}x the "
           "bytes of an MQA step,\n   the speed-up if both were bound by memory alone; both do the "
