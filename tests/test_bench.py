@@ -57,6 +57,15 @@ def test_the_bare_decode_step_computes_what_the_layer_computes(monkeypatch, n_kv
     assert cache_a.length == cache_b.length == context + 2
 
 
+def test_the_bare_decode_step_refuses_what_it_does_not_compute():
+    cache, x = bench._decode_inputs(selfattn.MultiHeadAttention(32, 4).eval(), 3)
+    for layer, token in [(selfattn.MultiHeadAttention(32, 4, rope=True).eval(), x),
+                         (selfattn.MultiHeadAttention(32, 4), x),
+                         (selfattn.MultiHeadAttention(32, 4).eval(), x.expand(1, 2, 32))]:
+        with pytest.raises(ValueError, match="one token"):
+            baselines.bare_decode_step(layer, token, cache)
+
+
 def test_the_naive_decode_step_copies_the_cache_and_computes_the_same():
     m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).eval()
     cache_a, x = bench._decode_inputs(m, 9)

@@ -75,8 +75,13 @@ def bare_decode_step(layer: MultiHeadAttention, x: Tensor, cache: KVCache) -> Te
     """What ``layer(x, is_causal=True, kv_cache=cache)[0]`` computes for one new token ``x``
     ``(1, 1, d_model)`` (batch 1, inference, no RoPE), as one function: the same products, the
     same cache and the same attention kernels, without the layer's input checks, submodule
-    calls and helpers. The one new query sees every cached key, so no mask is needed."""
+    calls, head helpers and dispatch (it still calls ``cache.append`` and the split-KV
+    kernel's wrapper). The one new query sees every cached key, so no mask is needed."""
     cfg = layer.config
+    if cfg.rope or layer.training or tuple(x.shape) != (1, 1, cfg.d_model):
+        raise ValueError(f"bare_decode_step takes one token (1, 1, {cfg.d_model}) for a layer in "
+                         f"eval mode without RoPE; got x {tuple(x.shape)}, rope={cfg.rope}, "
+                         f"training={layer.training}")
     H, H_kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q = F.linear(x, layer.q_proj.weight, layer.q_proj.bias)  # (1, 1, H*hd)
     k = F.linear(x, layer.k_proj.weight, layer.k_proj.bias)  # (1, 1, H_kv*hd)
