@@ -76,4 +76,4 @@ clean:
 
 # Benchmarks print tables measured in one run on this machine (see src/selfattn/bench.py).
 bench: $(STAMP)
-	$(PY) -c "from selfattn.bench import main; main()"
+	$(PY) -c "from selfattn.book.bench import main; main()"

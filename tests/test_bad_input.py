@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.models import AttentionTagger
+from selfattn.book.models import AttentionTagger
 from selfattn.positional import LearnedPositionalEmbedding, sinusoidal_encoding
 
 sdpa = selfattn.scaled_dot_product_attention

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import selfattn
-from selfattn import baselines, bench, fastpaths, measure
+from selfattn import fastpaths
+from selfattn.book import baselines, bench, measure
 
 
 def test_attention_benchmark_rows_and_their_ratios():

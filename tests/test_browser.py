@@ -249,7 +249,7 @@ def working_explorers(page):
 
 
 def check_diagrams(page, name):
-    """Every schematic diagram (selfattn.diagrams) is shown with its alt text; the page is
+    """Every schematic diagram (selfattn.book.diagrams) is shown with its alt text; the page is
     screenshotted again in the dark theme, where the diagrams keep their white card."""
     alts = page.evaluate("""() => [...document.querySelectorAll("img.selfattn-diagram")]
         .filter(i => i.offsetParent !== null).map(i => i.alt.trim())""")

@@ -18,10 +18,10 @@ from matplotlib.text import Annotation, Text
 from PIL import Image
 
 import selfattn
-from selfattn import diagrams
+from selfattn.book import diagrams
+from selfattn.book.viz import PAGE_WIDTH
 from selfattn.masks import causal_mask
 from selfattn.positional import apply_rope
-from selfattn.viz import PAGE_WIDTH
 
 # (what to call, a word the alt text must hold); the variants stress the layout at its limits
 CASES = {

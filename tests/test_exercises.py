@@ -1,6 +1,6 @@
-"""The build-it checkers of selfattn.exercises: the solution a chapter shows folded passes, a blank
+"""The build-it checkers of selfattn.book.exercises: the solution a chapter shows folded passes, a blank
 answer fails without raising, and each typical mistake gets its own hint. The package keeps every
-checker at selfattn.exercises.check_*, and `import selfattn` still does not load it.
+checker at selfattn.book.exercises.check_*, and `import selfattn` still does not load it.
 
 Solutions are source text run the way tests/test_book.py runs a chapter's folded solution (in a
 namespace holding only torch and selfattn); each mistake is the solution with a few edits.
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import selfattn
-import selfattn.exercises as ex
-from selfattn.exercises import build, recall
+import selfattn.book.exercises as ex
+from selfattn.book.exercises import build, recall
 
 SOLUTIONS = {
     "check_attention_layer": '''
@@ -310,17 +310,18 @@ def test_every_check_is_selfattn_exercises_check_and_documented():
     assert {"check_merge_heads", "check_attention", "check_rope_turn", *SOLUTIONS} <= public
     assert public | {"NotYet"} == set(ex.__all__)
     for name in public:
-        assert getattr(selfattn.exercises, name) is getattr(ex, name)
+        assert getattr(selfattn.book.exercises, name) is getattr(ex, name)
         assert getattr(ex, name).__doc__.startswith("Chapter")
     for name in SOLUTIONS:
         assert "build-it exercise" in getattr(ex, name).__doc__.split(":")[0]
-    assert issubclass(selfattn.exercises.NotYet, Exception)
+    assert issubclass(selfattn.book.exercises.NotYet, Exception)
 
 
-def test_importing_selfattn_does_not_import_the_exercises():
-    code = "import selfattn, sys; print('selfattn.exercises' in sys.modules)"
+def test_importing_selfattn_does_not_import_the_books_apparatus():
+    code = ("import selfattn, sys; "
+            "print(sorted(m for m in sys.modules if m.startswith(('selfattn.book', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-    code = "import selfattn; selfattn.exercises.check_rope; print('ok')"
+    assert out.stdout.strip() == "[]"
+    code = "import selfattn; selfattn.book.exercises.check_rope; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"

@@ -1,4 +1,4 @@
-"""The measuring tools of selfattn.measure: FLOP counts, the exponent fit, contention, memory.
+"""The measuring tools of selfattn.book.measure: FLOP counts, the exponent fit, contention, memory.
 
 No timing assertions: these machines are shared; make bench reports times, tests check the tools.
 """
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import selfattn
-from selfattn import measure
+from selfattn.book import measure
 
 
 def counted_flops(fn) -> int:
@@ -156,7 +156,7 @@ def test_process_peak_memory_sees_what_the_process_holds():
 
 
 def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
-    from selfattn.baselines import einsum_attention, matmul_attention
+    from selfattn.book.baselines import einsum_attention, matmul_attention
 
     q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
     einsum, matmul = (measure.op_counts(lambda f=f: f(q, k, v))

@@ -11,7 +11,7 @@ import socket
 import pytest
 import torch
 
-from selfattn import pretrained
+from selfattn.book import pretrained
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 SENTENCES = ["I saw a saw.", "The cat sat on the mat, and the dog barked at it for a while."]

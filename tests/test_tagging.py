@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from selfattn import data, models, train
+from selfattn.book import data, models, train
 
 
 def test_labels_match_an_independent_rule():

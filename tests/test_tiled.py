@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 import selfattn
-from selfattn.measure import peak_memory
+from selfattn.book.measure import peak_memory
 from selfattn.tiled import online_softmax, running_max_and_sum, tiled_attention
 
 F64 = torch.float64

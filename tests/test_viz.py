@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import selfattn
-from selfattn import viz
+from selfattn.book import viz
 
 widget_registry = widgets.widgets.widget._instances  # every live widget, by model id
 

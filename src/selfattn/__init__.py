@@ -1,4 +1,17 @@
-"""selfattn: self-attention from first principles, the tested code behind the book."""
+"""selfattn: self-attention from first principles, the tested code behind the book.
+
+Two layers, one package:
+
+* ``selfattn`` itself is the attention library, what a reader learns and can reuse:
+  :mod:`~selfattn.attention` (scaled dot-product attention, step by step), :mod:`~selfattn.masks`,
+  :mod:`~selfattn.heads`, :mod:`~selfattn.multihead` (MHA, GQA, MQA and the KV cache),
+  :mod:`~selfattn.fastpaths`, :mod:`~selfattn.tiled`, :mod:`~selfattn.scoring`,
+  :mod:`~selfattn.positional`, with :mod:`~selfattn.checks` and :mod:`~selfattn.device`.
+* :mod:`selfattn.book` is the book's apparatus around it: the synthetic tasks, the taggers and
+  their training, figures and explorers, diagrams, measurement and ``make bench``, the pretrained
+  model of chapter 10 and the exercises' checkers. It imports the library, never the reverse, and
+  ``import selfattn`` does not load it (``selfattn.book`` loads on first use).
+"""
 
 from .attention import masked_softmax, scaled_dot_product_attention
 from .device import pick_device
@@ -11,8 +24,8 @@ __all__ = [
     "AttentionConfig",
     "KVCache",
     "MultiHeadAttention",
+    "book",
     "causal_mask",
-    "exercises",
     "expand_kv_heads",
     "masked_softmax",
     "merge_heads",
@@ -29,10 +42,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    # selfattn.exercises (the chapters' self-checks) loads on first use, not with the library
-    if name == "exercises":
+def __getattr__(name: str) -> object:
+    # selfattn.book (the book's apparatus) loads on first use, not with the library
+    if name == "book":
         import importlib
 
-        return importlib.import_module(".exercises", __name__)
+        return importlib.import_module(".book", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ The readable computation is :func:`~selfattn.heads.repeat_kv` for grouped heads,
 another way. Each can be switched off (:func:`disabled`), is tested equal to the readable
 computation (tests/test_fastpaths.py), and is kept only because ``make bench`` times the layer
 with it and without it, side by side, and the difference is worth having
-(:func:`selfattn.bench.fastpath_benchmark`):
+(:func:`selfattn.book.bench.fastpath_benchmark`):
 
 * ``grouped_heads``: GQA and MQA without copying the keys: the query heads that share a
   key/value head are stacked along the sequence axis and attend to it in one product. During

@@ -1,7 +1,7 @@
 r"""``make bench``: every benchmark of chapters 7 and 9, measured side by side in one run.
 
-The measuring tools are in :mod:`selfattn.measure`, the article-style baselines in
-:mod:`selfattn.baselines`. Each benchmark returns rows (dicts) that the chapters print and plot;
+The measuring tools are in :mod:`selfattn.book.measure`, the article-style baselines in
+:mod:`selfattn.book.baselines`. Each benchmark returns rows (dicts) that the chapters print and plot;
 :func:`main` prints them all at full size with the library's targets checked as ratios of times
 measured in the same run, and writes CSV files and a PNG.
 """
@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fastpaths
-from .attention import scaled_dot_product_attention
+from .. import fastpaths
+from ..attention import scaled_dot_product_attention
+from ..multihead import KVCache, MultiHeadAttention
+from ..tiled import tiled_attention
 from .baselines import EinopsSelfAttention, bare_decode_step, einsum_attention, matmul_attention
 from .measure import attention_flops, compare, decode_bytes, fit_exponent, mha_flops, peak_memory, synchronize
-from .multihead import KVCache, MultiHeadAttention
-from .tiled import tiled_attention
 
 
 def _decode_inputs(model, context: int, seed: int = 0):
@@ -51,11 +51,11 @@ def decode_benchmark(
     Every variant holds a KV cache of ``context`` tokens; ``naive`` adds the GQA/MQA variants that
     copy their cache for every query head (:func:`~selfattn.heads.repeat_kv`, with
     ``fastpaths.disabled("grouped_heads")``); ``bare`` adds MHA and MQA computed by
-    :func:`~selfattn.baselines.bare_decode_step`, the layer's kernels without its Python.
+    :func:`~selfattn.book.baselines.bare_decode_step`, the layer's kernels without its Python.
     Variants are interleaved in a rotated order in each repeat, so a slow moment of a shared
     machine hits all of them; the first ``warmup`` repeats are dropped; each row gives the
     median time per token in ms. Each sample is one call, not
-    :func:`~selfattn.measure.compare`'s loop of calls: every call appends a token to the cache.
+    :func:`~selfattn.book.measure.compare`'s loop of calls: every call appends a token to the cache.
     """
     torch.manual_seed(seed)
     models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).eval()

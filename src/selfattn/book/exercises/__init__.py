@@ -1,6 +1,6 @@
 """Self-checks for the chapters' exercises: each says "correct" or what is still wrong.
 
-A chapter calls ``selfattn.exercises.check_...(answer)``; the checker prints "✓ Correct: ..." or
+A chapter calls ``selfattn.book.exercises.check_...(answer)``; the checker prints "✓ Correct: ..." or
 "✗ Not yet: ..." and returns True or False. It never raises: a reader's half-written answer
 (``None``, an exception inside their code) gets a short message, so a chapter always runs top to
 bottom.
@@ -11,7 +11,7 @@ bottom.
 * :mod:`.build`: build-it exercises, where the reader writes a real piece of attention (a layer,
   RoPE, splitting heads, a KV cache, an online softmax), run against the library.
 
-``import selfattn`` does not import this package; ``selfattn.exercises`` loads it on first use.
+``import selfattn`` does not import this package; ``selfattn.book.exercises`` loads it on first use.
 """
 
 from .build import (

@@ -8,14 +8,14 @@ import math
 
 import torch
 
-from ..attention import scaled_dot_product_attention
-from ..heads import repeat_kv
-from ..masks import causal_mask, padding_mask
+from ...attention import scaled_dot_product_attention
+from ...heads import repeat_kv
+from ...masks import causal_mask, padding_mask
+from ...multihead import KVCache, MultiHeadAttention
+from ...positional import alibi_slopes, sinusoidal_encoding
+from ...scoring import AdditiveScorer
 from ..measure import attention_flops, influence
 from ..models import CNNTagger, WindowTagger, count_parameters
-from ..multihead import KVCache, MultiHeadAttention
-from ..positional import alibi_slopes, sinusoidal_encoding
-from ..scoring import AdditiveScorer
 from .scaffold import NotYet, _call, _checker, _number, _tensor
 
 
@@ -90,7 +90,7 @@ def check_attention(fn: object) -> str:
 @_checker
 def check_window_parameters(fn: object) -> str:
     """Chapter 1, exercise 1: ``fn(window, d, hidden, n_tags, vocab_size)`` counts the parameters
-    of a :class:`~selfattn.models.WindowTagger`."""
+    of a :class:`~selfattn.book.models.WindowTagger`."""
     for window, d, hidden, n_tags, vocab in [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)]:
         got = _call(fn, window, d, hidden, n_tags, vocab)
         want = count_parameters(WindowTagger(vocab, n_tags, d=d, window=window, hidden=hidden))
@@ -103,7 +103,7 @@ def check_window_parameters(fn: object) -> str:
 @_checker
 def check_cnn_reach(fn: object) -> str:
     """Chapter 1, exercise 2: ``fn(n_layers, kernel)`` is how many positions to each side a
-    :class:`~selfattn.models.CNNTagger` sees, checked against the measured receptive field."""
+    :class:`~selfattn.book.models.CNNTagger` sees, checked against the measured receptive field."""
     torch.manual_seed(0)
     for n_layers, kernel in [(1, 3), (2, 5), (3, 3), (4, 7)]:
         got = _call(fn, n_layers, kernel)

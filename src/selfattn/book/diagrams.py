@@ -29,9 +29,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Circle, FancyBboxPatch, Polygon
 
-from .masks import causal_mask
-from .multihead import AttentionConfig, MultiHeadAttention
-from .positional import apply_rope
+from ..masks import causal_mask
+from ..multihead import AttentionConfig, MultiHeadAttention
+from ..positional import apply_rope
 from .viz import PAGE_WIDTH, png_256
 
 DPI = 100  # the book shows a notebook's PNG at 100 dpi, full size up to PAGE_WIDTH inches

@@ -18,11 +18,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..attention import scaled_dot_product_attention
-from ..heads import merge_heads, repeat_kv, split_heads
-from ..masks import causal_mask
-from ..multihead import MultiHeadAttention
-from ..positional import apply_rope
+from ...attention import scaled_dot_product_attention
+from ...heads import merge_heads, repeat_kv, split_heads
+from ...masks import causal_mask
+from ...multihead import MultiHeadAttention
+from ...positional import apply_rope
 from .scaffold import NotYet, _call, _checker, _close, _tensor
 
 

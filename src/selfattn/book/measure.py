@@ -280,7 +280,7 @@ def fresh_process_peak_memory(stmt: str, setup: str = "pass") -> int | None:
 
     script = "\n".join([
         "import torch",
-        "from selfattn.measure import process_peak_memory",
+        "from selfattn.book.measure import process_peak_memory",
         textwrap.dedent(setup),
         "torch.set_grad_enabled(False)",
         f"print(process_peak_memory(lambda: {stmt}))",

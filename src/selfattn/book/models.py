@@ -1,6 +1,6 @@
 """Tiny taggers built from the library's parts: each maps token ids (B, T) to tag logits (B, T, n_tags).
 
-Chapter 1 trains one of each on the distance-cue task (:func:`selfattn.data.tagging_task`) to
+Chapter 1 trains one of each on the distance-cue task (:func:`selfattn.book.data.tagging_task`) to
 measure how far each can look: a windowed fully-connected layer, a stack of 1-D convolutions, a
 bidirectional GRU, an average over the whole sequence (attention with equal weights, the
 control), and one layer of self-attention with positional encoding.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_positive_int
-from .multihead import MultiHeadAttention
-from .positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
-from .scoring import ScoredSelfAttention
+from ..checks import check_positive_int
+from ..multihead import MultiHeadAttention
+from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
+from ..scoring import ScoredSelfAttention
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .multihead import MultiHeadAttention
+from ..multihead import MultiHeadAttention
 
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 HUB_REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"

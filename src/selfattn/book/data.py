@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_positive_int
+from ..checks import check_positive_int
 
 AMBIGUOUS = 0
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from . import fastpaths
-from .attention import masked_softmax
-from .multihead import KVCache, MultiHeadAttention
+from .. import fastpaths
+from ..attention import masked_softmax
+from ..multihead import KVCache, MultiHeadAttention
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
