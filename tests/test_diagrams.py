@@ -236,8 +236,9 @@ def test_rope_rotation_draws_what_apply_rope_computes(position, theta, x):
     (dots,) = [ln for ln in d.figure.findobj(Line2D) if ln.get_gid() == "rotated points"]
     drawn = dots.get_xydata()
     assert drawn.shape == (position + 1, 2)
-    m = torch.arange(position + 1, dtype=torch.float64)
-    expected = apply_rope(torch.tensor([x], dtype=torch.float64).expand(position + 1, 2), m * theta)
+    m = torch.arange(position + 1)
+    pair = torch.tensor([[0.0, 0.0, *x]], dtype=torch.float64).expand(position + 1, 4)
+    expected = apply_rope(pair, m, base=theta ** -2)[:, 2:]  # pair 1 turns by base^(-2/4) = theta
     np.testing.assert_allclose(drawn, expected.numpy(), atol=1e-12)
     angle = m.numpy() * theta + math.atan2(x[1], x[0])  # by hand: turned by m * theta, same length
     np.testing.assert_allclose(drawn, math.hypot(*x) * np.stack([np.cos(angle), np.sin(angle)], 1),
@@ -270,29 +271,39 @@ def test_online_softmax_tiles_skips_exactly_the_hidden_tiles(L, S, block, causal
     (lambda: diagrams.one_output("a b c d e f g".split()), "1 to 6 words to fit the page, got 7"),
     (lambda: diagrams.one_output(["the", "incomprehensibilities"]), "at most .* characters"),
     (lambda: diagrams.one_output(["the", ""]), "non-empty str"),
-    (lambda: diagrams.matrix_form(0, 16, 8, 8), "n must be a positive int"),
-    (lambda: diagrams.matrix_form(4, 16, 8.0, 8), "d_k must be a positive int"),
-    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=0), "B must be a positive int"),
-    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(64, 32)), "n_heads = 32 is too many"),
+    (lambda: diagrams.matrix_form(0, 16, 8, 8), "n must be positive, got 0"),
+    (lambda: diagrams.matrix_form(10_000, 16, 8, 8), "n must be at most 9999, got 10000"),
+    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=0), "B must be positive"),
+    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(64, 32)), "n_heads must be at most 16, got 32"),
     (lambda: diagrams.kv_heads(8, (3,)), r"n_heads \(8\) must be a multiple of each n_kv_heads, got 3"),
     (lambda: diagrams.kv_heads(4, (8,)), r"n_heads \(4\) must be a multiple"),
-    (lambda: diagrams.kv_heads(8, (0,)), "each n_kv_heads must be a positive int"),
+    (lambda: diagrams.kv_heads(8, (0,)), "each n_kv_heads must be positive, got 0"),
     (lambda: diagrams.kv_heads(8, ()), "1 to 4 head counts"),
-    (lambda: diagrams.kv_heads(8, head_dim=0), "head_dim must be a positive int"),
+    (lambda: diagrams.kv_heads(8, head_dim=0), "head_dim must be positive"),
     (lambda: diagrams.rope_rotation(-1), "position must be an int from 0 to 8"),
     (lambda: diagrams.rope_rotation(2, theta=0), "theta must be a number of radians from 0.01 to pi/2"),
     (lambda: diagrams.rope_rotation(2, theta=2.0), "theta must be a number of radians from 0.01 to pi/2"),
     (lambda: diagrams.rope_rotation(2, x=(1, 2, 3)), r"x must be a pair of numbers \(x_1, x_2\)"),
     (lambda: diagrams.rope_rotation(8, theta=1.0), "goes round the circle more than once"),
     (lambda: diagrams.rope_rotation(2, x=(0, 0)), "non-zero, finite pair"),
-    (lambda: diagrams.online_softmax_tiles(16, 16, 0), "block_size must be a positive int, got 0"),
-    (lambda: diagrams.online_softmax_tiles(0, 16, 4), "L must be a positive int"),
+    (lambda: diagrams.online_softmax_tiles(16, 16, 0), "block_size must be positive, got 0"),
+    (lambda: diagrams.online_softmax_tiles(0, 16, 4), "L must be positive"),
     (lambda: diagrams.online_softmax_tiles(4096, 4096, 128), "too many to draw.*block_size of at least 256"),
     (lambda: diagrams.online_softmax_tiles(16, 16, 4, query_block=4),
      "query_block must be an int from 0 to 3"),
 ])
 def test_bad_arguments_say_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: diagrams.matrix_form(4, 16, 8.0, 8), "d_k must be an int, got float"),
+    (lambda: diagrams.kv_heads(8, ("2",)), "each n_kv_heads must be an int, got str"),
+    (lambda: diagrams.online_softmax_tiles(16, 16, True), "block_size must be an int, got bool"),
+])
+def test_a_size_of_the_wrong_type_is_a_type_error(call, message):
+    with pytest.raises(TypeError, match=message):
         call()
 
 

@@ -51,6 +51,12 @@ def test_rope_at_position_zero_is_the_identity_and_odd_width_is_refused():
         apply_rope(torch.randn(3, 7))
 
 
+def test_rope_at_an_offset_is_the_longer_sequence_cut():
+    # decoding with a cache: tokens P.. get positions P..; as if rotated with the whole sequence
+    x = torch.randn(2, 9, 8, dtype=F64)
+    torch.testing.assert_close(apply_rope(x[:, 6:], torch.arange(6, 9)), apply_rope(x)[:, 6:])
+
+
 def test_alibi_slopes_as_in_the_paper():
     torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     # 12 heads: the 8-head slopes, then every other slope of the 16-head sequence

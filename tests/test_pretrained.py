@@ -65,6 +65,21 @@ def test_the_comparison_sees_a_changed_weight(ours):
     assert gaps["attention"] > 1e-3 and gaps["hidden"] > 1e-3
 
 
+def test_the_reference_comes_from_the_folder_the_model_came_from(monkeypatch, tmp_path):
+    source = pretrained.find_model_dir()
+    for name in pretrained.FILES:
+        (tmp_path / name).symlink_to(source / name)
+    local = pretrained.load(tmp_path)
+
+    def nowhere(path=None):  # offline, without the package: only the reader's folder is there
+        raise FileNotFoundError("no weights found")
+
+    monkeypatch.setattr(pretrained, "find_model_dir", nowhere)
+    gaps = pretrained.compare_with_transformers(local, SENTENCES[:1])
+    assert gaps["hidden"] <= 1e-4 and gaps["attention"] <= 1e-5
+    assert local.model_dir == tmp_path
+
+
 def test_a_corrupted_file_is_refused(tmp_path):
     source = pretrained.find_model_dir()
     for name in pretrained.FILES:

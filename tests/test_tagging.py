@@ -178,6 +178,39 @@ def test_train_seeds_gives_the_models_that_separate_trainings_give(name):
     assert not torch.equal(next(batched[0].parameters()), next(batched[1].parameters()))
 
 
+class NormedTagger(torch.nn.Module):
+    """A tagger with buffers that training changes: a BatchNorm's running statistics."""
+
+    def __init__(self, vocab_size, n_tags, d=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, d)
+        self.norm = torch.nn.BatchNorm1d(d)
+        self.out = torch.nn.Linear(d, n_tags)
+
+    def forward(self, tokens):
+        x = self.embed(tokens).transpose(1, 2)  # (B, d, T): BatchNorm1d normalises dim 1
+        return self.out(self.norm(x).transpose(1, 2))  # (B, T, n_tags)
+
+
+def test_train_seeds_gives_back_the_buffers_training_changed():
+    task = data.tagging_task(100, seq_len=12, seed=3)
+
+    def make():
+        return NormedTagger(task.vocab_size, task.n_tags)
+
+    batched, _ = train.train_seeds(make, task, seeds=[4, 7], steps=3, batch_size=8,
+                                   progress=False)
+    untrained = make().norm.running_mean
+    for seed, model in zip([4, 7], batched, strict=True):
+        torch.manual_seed(seed)
+        alone = make()
+        train.train(alone, task, steps=3, batch_size=8, seed=seed, progress=False)
+        assert not torch.equal(alone.norm.running_mean, untrained)  # training changed it
+        for name, value in alone.state_dict().items():  # running mean, variance and count too
+            torch.testing.assert_close(model.state_dict()[name], value, rtol=1e-4, atol=1e-4,
+                                       msg=name)
+
+
 def test_train_seeds_needs_a_seed():
     with pytest.raises(ValueError, match="at least one seed"):
         train.train_seeds(lambda: TAGGERS["window"](20, 6), data.tagging_task(10, seq_len=12),
@@ -251,7 +284,7 @@ def test_the_order_blind_ceiling_by_hand_and_against_a_brute_force_guess():
     # tokens: filler 9, cue 1, filler, cue 2, cue 1, filler -> positions and what a bag can know
     task = data.Sequences(torch.tensor([[9, 1, 9, 2, 1, 9]]), torch.zeros(1, 6, dtype=torch.long), 10, 5)
     # 9: none yet (1); 1: itself (1); 9: only c1 seen (1); 2: itself; 1: itself; 9: {c1: 2, c2: 1} -> 2/3
-    assert data.order_blind_accuracy(task, n_cues=4) == pytest.approx((5 + 2 / 3) / 6)
+    assert data.order_blind_accuracy(task) == pytest.approx((5 + 2 / 3) / 6)
     # on real data, it is an upper bound for a guess that ignores order: most frequent earlier cue
     real = data.recent_cue_task(300, seq_len=24, seed=2)
     guess_right = 0
@@ -267,3 +300,12 @@ def test_the_order_blind_ceiling_by_hand_and_against_a_brute_force_guess():
                 guess = 4
             guess_right += guess == tag
     assert guess_right / real.tokens.numel() <= data.order_blind_accuracy(real) + 0.01
+
+
+def test_the_order_blind_ceiling_reads_the_cues_from_the_task():
+    # six cues (seven tags): cue 5, filler, cue 6, cue 5, filler -> the last filler has seen
+    # {c5: 2, c6: 1}, so 2/3; every other token is always right
+    task = data.Sequences(torch.tensor([[5, 9, 6, 5, 9]]), torch.zeros(1, 5, dtype=torch.long), 10, 7)
+    assert data.order_blind_accuracy(task) == pytest.approx((4 + 2 / 3) / 5)
+    six = data.recent_cue_task(200, n_cues=6, seed=1)
+    assert six.n_tags == 7 and data.order_blind_accuracy(six) < 0.75

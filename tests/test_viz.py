@@ -111,6 +111,29 @@ def test_static_explorer_shows_a_message_for_a_bad_prepared_sentence():
     assert isinstance(bad, widgets.HTML) and "unknown word" in bad.value
 
 
+def chapter_bug(scale, mask):
+    q = torch.randn(4, 8)
+    k = torch.randn(4, 7) if scale == 2.0 else q  # a bug in the chapter: E differs at scale 2
+    _, w = selfattn.scaled_dot_product_attention(q, k, k)
+    return viz.View(w, list("abcd"))
+
+
+def test_static_explorer_raises_a_library_error_instead_of_showing_it():
+    with pytest.raises(ValueError, match="same last dimension E") as info:
+        viz.explorer(chapter_bug, {"scale": [1.0, 2.0], "mask": ["none"]}, static=True)
+    assert not isinstance(info.value, viz.InputError)  # the build fails: a bug, not the reader
+
+
+def test_live_explorer_raises_a_library_error_and_says_so():
+    with pytest.raises(ValueError, match="same last dimension E"):  # the first picture
+        viz.explorer(chapter_bug, {"scale": [2.0, 1.0], "mask": ["none"]}, static=False)
+    e = viz.explorer(chapter_bug, {"scale": [1.0, 2.0], "mask": ["none"]}, static=False)
+    scale, _mask, msg, image, _caption = e.children
+    with pytest.raises(ValueError, match="same last dimension E"):  # a later one
+        scale.value = 2.0
+    assert "this view failed: ValueError" in msg.value and image.layout.display == "none"
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("", "Type a sentence"),
     ("a zz c", "unknown word"),

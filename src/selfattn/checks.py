@@ -84,12 +84,14 @@ def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
     return float(dropout_p)
 
 
-def check_positive_int(value: object, name: str) -> int:
-    """Check a strictly positive integer (a size or a count)."""
+def check_positive_int(value: object, name: str, most: int | None = None) -> int:
+    """Check a strictly positive integer (a size or a count), at most ``most`` if given."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be at most {most}, got {value}")
     return value
 
 
@@ -100,9 +102,9 @@ def check_attention_inputs(query: object, key: object, value: object, attn_mask:
     ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev): floating point, one dtype
     and device, leading dimensions that broadcast; ``attn_mask`` broadcastable to (..., L, S).
     """
-    check_tensor(query, "query", min_rank=2)
-    check_tensor(key, "key", min_rank=2)
-    check_tensor(value, "value", min_rank=2)
+    query = check_tensor(query, "query", min_rank=2)
+    key = check_tensor(key, "key", min_rank=2)
+    value = check_tensor(value, "value", min_rank=2)
     check_same_dtype_device(query=query, key=key, value=value)
     L, E = query.shape[-2:]
     S, E_k = key.shape[-2:]

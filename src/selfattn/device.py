@@ -9,6 +9,6 @@ def pick_device() -> torch.device:
     """Return ``cuda`` if a GPU is visible, else ``mps`` on Apple silicon, else ``cpu``."""
     if torch.cuda.is_available():
         return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .checks import check_positive_int
+from .checks import check_positive_int, check_tensor
 
 
 def sinusoidal_encoding(
@@ -61,13 +61,27 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
     Each pair of features $(x_{2i}, x_{2i+1})$ at position $m$ is rotated by the angle
     $m\,\theta_i$, $\theta_i = \text{base}^{-2i/d}$. A rotation keeps lengths, and
     $\langle R_m q, R_n k \rangle$ depends on $m - n$ only: the score sees relative position.
-    ``positions`` defaults to ``0 .. T-1`` (pass an offset range when decoding with a cache).
+    ``positions``: one integer position per token, a ``(T,)`` tensor on ``x``'s device; it
+    defaults to ``0 .. T-1`` (pass an offset range when decoding with a cache).
     """
+    x = check_tensor(x, "x", min_rank=2)
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE rotates pairs of features: the last dimension must be even, "
                          f"got shape {tuple(x.shape)}")
+    T = x.shape[-2]
     if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device)
+        return _apply_rope(x, torch.arange(T, device=x.device), base)
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    if positions.shape != (T,):
+        raise ValueError(f"positions must hold one position per token of x, shape ({T},) for x "
+                         f"of shape {tuple(x.shape)}; got positions of shape "
+                         f"{tuple(positions.shape)}")
+    if positions.device != x.device:
+        raise ValueError(f"positions and x must be on the same device, got {positions.device} "
+                         f"and {x.device}")
     return _apply_rope(x, positions, base)
 
 

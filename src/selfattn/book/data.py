@@ -80,6 +80,7 @@ def tagging_task(
     check_positive_int(n, "n")
     check_positive_int(seq_len, "seq_len")
     check_positive_int(n_cues, "n_cues")
+    check_positive_int(n_filler_tags, "n_filler_tags")
     if isinstance(decoys, bool) or not isinstance(decoys, int) or decoys < 0:
         raise ValueError(f"decoys must be a non-negative int, got {decoys!r}")
     if decoys and n_cues < 2:
@@ -171,17 +172,17 @@ def recent_cue_task(n: int, seq_len: int = 32, n_cues: int = 4, cue_rate: float 
     return Sequences(tokens, tags, vocab_size, n_cues + 1)
 
 
-def order_blind_accuracy(task: Sequences, n_cues: int = 4) -> float:
-    """The best accuracy on :func:`recent_cue_task` of a tagger that knows which cues came
-    before each token, and how often, but not in what order (the ceiling for a model without
-    positions).
+def order_blind_accuracy(task: Sequences) -> float:
+    """The best accuracy on ``task``, made by :func:`recent_cue_task`, of a tagger that knows
+    which cues came before each token, and how often, but not in what order (the ceiling for a
+    model without positions). The task's cues are read from it: ``n_cues = task.n_tags - 1``.
 
     A cue tags itself and a token before the first cue is tagged "none", both always right;
     otherwise the most recent cue is any earlier cue with a chance proportional to how often it
     occurred, so the best guess is the most frequent one, right with probability
     (its count) / (cues so far). Returns the expected accuracy over every token of ``task``.
     """
-    tokens = task.tokens
+    tokens, n_cues = task.tokens, task.n_tags - 1  # tags: one per cue, then "no cue yet"
     is_cue = (tokens >= 1) & (tokens <= n_cues)  # (N, T)
     counts = torch.stack([((tokens == c) & is_cue).cumsum(1) for c in range(1, n_cues + 1)])
     seen = counts.sum(0)  # (N, T): cues at or before t

@@ -29,6 +29,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Circle, FancyBboxPatch, Polygon
 
+from ..checks import check_positive_int
 from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
 from ..positional import apply_rope
@@ -108,14 +109,6 @@ def _text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
     kw.setdefault("color", INK)
     kw.setdefault("va", "center")
     ax.text(x, y, s, fontsize=size, **kw)
-
-
-def _positive_int(value: object, name: str, most: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if most is not None and value > most:
-        raise ValueError(f"{name} = {value} is too many to draw legibly; at most {most}")
-    return value
 
 
 def _shape(*dims: int) -> str:
@@ -213,7 +206,7 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
     $Q = AW^q$, $K = AW^k$, $V = AW^v$; $A' = \operatorname{softmax}(QK^\top/\sqrt{d_k})$ by rows;
     $B = A'V$ (Vaswani et al. 2017, eq. 1). Boxes grow with the log of each dimension."""
     for value, name in [(n, "n"), (d_model, "d_model"), (d_k, "d_k"), (d_v, "d_v")]:
-        _positive_int(value, name, most=9999)
+        check_positive_int(value, name, most=9999)
     hn = _side(n)
     W, H = PAGE_WIDTH, 3 * hn + 2 * 0.62 + 0.8
     fig, ax = _canvas(W, H)
@@ -266,10 +259,10 @@ def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int =
     if not isinstance(cfg, AttentionConfig):
         raise TypeError(f"layer must be a MultiHeadAttention or an AttentionConfig, got "
                         f"{type(layer).__name__}")
-    _positive_int(B, "B", most=10**6)
-    _positive_int(T, "T", most=10**6)
+    check_positive_int(B, "B", most=10**6)
+    check_positive_int(T, "T", most=10**6)
     h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
-    _positive_int(h, "n_heads", most=16)
+    check_positive_int(h, "n_heads", most=16)
     W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
     y0, y1 = H - 0.3, H - 1.05  # inputs, projections (and a line of sizes at the bottom)
     y2 = y1 - 1.25  # the heads: q, k, v pieces stacked, 0.22 apart
@@ -343,8 +336,8 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
     key/value head $i // (n_{heads} / n_{kv})$, as :func:`~selfattn.heads.repeat_kv` orders them
     (Ainslie et al. 2023, §2). ``n_kv_heads_list`` defaults to ``n_heads``, ``n_heads // 4`` (or
     ``// 2``) and 1."""
-    _positive_int(n_heads, "n_heads", most=32)
-    _positive_int(head_dim, "head_dim", most=10**6)
+    check_positive_int(n_heads, "n_heads", most=32)
+    check_positive_int(head_dim, "head_dim", most=10**6)
     if n_kv_heads_list is None:
         middle = n_heads // 4 if n_heads >= 8 else n_heads // 2
         n_kv_heads_list = sorted({n_heads, max(middle, 1), 1}, reverse=True)
@@ -352,7 +345,7 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
     if not 1 <= len(counts) <= 4:
         raise ValueError(f"n_kv_heads_list must hold 1 to 4 head counts, got {counts}")
     for n_kv in counts:
-        _positive_int(n_kv, "each n_kv_heads")
+        check_positive_int(n_kv, "each n_kv_heads")
         if n_heads % n_kv:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of each n_kv_heads, got "
                              f"{n_kv}: each key/value head serves a whole group of query heads")
@@ -479,9 +472,9 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
     (:func:`~selfattn.masks.causal_mask`, top-left aligned) hides entirely. One query block walks
     its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax), so
     the full matrix is never stored. ``query_block`` defaults to the middle one."""
-    _positive_int(L, "L", most=10**7)
-    _positive_int(S, "S", most=10**7)
-    _positive_int(block_size, "block_size")
+    check_positive_int(L, "L", most=10**7)
+    check_positive_int(S, "S", most=10**7)
+    check_positive_int(block_size, "block_size")
     nq, nk = math.ceil(L / block_size), math.ceil(S / block_size)
     if max(nq, nk) > 16:
         raise ValueError(f"{nq} x {nk} tiles are too many to draw; at most 16 per side: pass a "

@@ -20,12 +20,16 @@ import json
 import os
 import pathlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 HUB_REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
@@ -212,11 +216,14 @@ def token_share(attentions: Tensor, mask: Tensor, keys: Tensor) -> Tensor:
 
 
 class Pretrained:
-    """The encoder and its tokenizer. ``load()`` builds one from the checked weights."""
+    """The encoder, its tokenizer and the folder they were read from (``model_dir``, where
+    :func:`compare_with_transformers` reads the reference). ``load()`` builds one from the
+    checked weights."""
 
-    def __init__(self, model: BertEncoder, tokenizer) -> None:
+    def __init__(self, model: BertEncoder, tokenizer: Tokenizer, model_dir: pathlib.Path) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.model_dir = model_dir
 
     @torch.no_grad()
     def encode(self, sentences: str | list[str]) -> Encoded:
@@ -240,14 +247,15 @@ class Pretrained:
 @torch.no_grad()
 def compare_with_transformers(model: Pretrained, sentences: list[str]) -> dict[str, float]:
     """Run ``sentences`` through ``model`` and through Hugging Face's ``BertModel`` (its plain
-    "eager" attention, which returns the weights) on the same checkpoint; return the largest
-    difference in any hidden state of a real token (``hidden``) and in any attention weight
-    (``attention``). ``transformers`` is needed here only (the tests and chapter 10 have it)."""
+    "eager" attention, which returns the weights) on the same checkpoint, read from the folder
+    ``model`` was loaded from (``model.model_dir``); return the largest difference in any hidden
+    state of a real token (``hidden``) and in any attention weight (``attention``).
+    ``transformers`` is needed here only (the tests and chapter 10 have it)."""
     import transformers
 
     transformers.logging.disable_progress_bar()  # no loading bar on a page
     device = next(model.model.parameters()).device
-    reference = transformers.BertModel.from_pretrained(find_model_dir(), attn_implementation="eager")
+    reference = transformers.BertModel.from_pretrained(model.model_dir, attn_implementation="eager")
     reference = reference.to(device).eval()
     enc = model.encode(sentences)
     out = reference(input_ids=enc.input_ids.to(device), attention_mask=enc.mask.long().to(device),
@@ -277,4 +285,4 @@ def load(path: str | os.PathLike | None = None, device: torch.device | str | Non
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    return Pretrained(model.to(device or "cpu"), tokenizer)
+    return Pretrained(model.to(device or "cpu"), tokenizer, model_dir)

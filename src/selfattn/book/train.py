@@ -154,10 +154,11 @@ def train_seeds(
                 history.loss.append(loss)
     if snapshot_every:
         _snapshot(histories, steps, params, buffers, keys)
-    with torch.no_grad():
+    trained = {**params, **buffers}  # the weights, and the buffers training updates in place
+    with torch.no_grad():  # (a BatchNorm's running statistics)
         for i, model in enumerate(models):
-            for name, p in model.named_parameters():
-                p.copy_(params[name][i])
+            for name, t in [*model.named_parameters(), *model.named_buffers()]:
+                t.copy_(trained[name][i])
             model.eval()
     return models, histories
 

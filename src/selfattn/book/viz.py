@@ -1,13 +1,13 @@
 """Attention heatmaps and the explorer widget that every chapter's interactive view uses.
 
-* :func:`heatmap` draws one ``(L, S)`` matrix (picked out of ``(H, L, S)`` or ``(B, H, L, S)``)
-  the way the second article's seaborn plot should have: tokens on both axes, a colorbar,
-  numbers in the cells while they fit, masked cells hatched.
+* :func:`heatmap` draws one ``(L, S)`` matrix (picked out of ``(H, L, S)`` or ``(B, H, L, S)``):
+  tokens on both axes, a colorbar, numbers in the cells while they fit, masked cells hatched.
 * :func:`heads` draws every head of a ``(H, L, S)`` or ``(B, H, L, S)`` tensor in a grid.
 * :func:`explorer` is an ipywidgets view with controls that redraw a heatmap. In a live kernel
   (Jupyter, Colab) it recomputes on every change and takes a typed sentence. In the static book it
   precomputes every state the controls can reach and switches between them in the browser, with no
   kernel (``jsdlink`` between widgets survives in the saved widget state; Python callbacks do not).
+  Input a reader can fix (:class:`InputError`) gets a short message; any other error is raised.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import seaborn as sns
@@ -26,6 +28,9 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+if TYPE_CHECKING:
+    import ipywidgets
 
 ANNOTATE_UP_TO = 12  # annotate every cell only while the matrix is at most this many tokens wide
 ANNOTATION_PT = 9  # the numbers in the cells
@@ -130,7 +135,7 @@ def heads(
     panel = (PAGE_WIDTH - 0.9) / ncols  # inches per panel, after the colorbar and labels
     label_pt = min(9.0, 0.8 * 72 * panel / max(L, S))  # one token per label's height
     labels = label_pt >= 7  # 7 pt at 100 dpi is 9.7 px on the page
-    def label_inches(tokens, n):  # the longest token label, at label_pt
+    def label_inches(tokens: Sequence[str] | None, n: int) -> float:  # the longest label, at label_pt
         longest = max((len(str(t)) for t in tokens), default=2) if tokens is not None else len(str(n))
         return 0.6 * longest * label_pt / 72 if labels else 0.0
 
@@ -210,14 +215,16 @@ def explorer(
     sentences: Sequence[str] | None = None,
     max_tokens: int = 16,
     static: bool | None = None,
-):
+) -> ipywidgets.VBox:
     """An interactive heatmap: controls whose every change redraws ``compute(**state)``.
 
     Args:
         compute: called with one keyword argument per control (and ``sentence`` if
             ``sentences`` is given); returns a :class:`View` (drawn as a heatmap) or a
             ``matplotlib.figure.Figure`` (any other plot; make it with ``Figure()``, not pyplot),
-            or raises :class:`InputError` (or ``ValueError``) for input the reader should change.
+            or raises :class:`InputError` for input the reader should change, shown as a short
+            message. Any other exception is a bug, not the reader's input, and is raised: in the
+            static book it fails the build; in a live kernel the view also says that it failed.
         controls: name -> the values it can take, in order. Numbers get a slider, anything else
             a dropdown.
         sentences: if given, the view takes a sentence: a text box in a live kernel (first
@@ -236,16 +243,15 @@ def explorer(
 
     if static is None:
         static = os.environ.get(STATIC_ENV) == "1"
-    controls = dict(controls)
     if sentences is not None:
         sentences = list(sentences)
         if not sentences:
             raise ValueError("sentences must hold at least one sentence")
-    message = widgets.HTML(layout=widgets.Layout(min_height="1.5em"))
 
-    def safe_compute(**state) -> View | Figure | str:
+    def show(**state: object) -> View | Figure | str:
+        """``compute(**state)``, or the message for input the reader should change."""
         sentence = state.get("sentence")
-        if sentence is not None:
+        if isinstance(sentence, str):
             n = len(sentence.split())
             if n == 0:
                 return "Type a sentence first."
@@ -253,58 +259,82 @@ def explorer(
                 return f"That sentence has {n} tokens; this view takes at most {max_tokens}."
         try:
             return compute(**state)
-        except ValueError as exc:  # InputError included: the reader's input, not a bug
+        except InputError as exc:  # only the reader's input: a library error is a bug
             return str(exc)
 
+    build = _static_explorer if static else _live_explorer
+    return build(widgets, show, dict(controls), sentences)
+
+
+def _static_explorer(widgets: ModuleType, show: Callable[..., View | Figure | str],
+                     controls: dict[str, Sequence], sentences: list[str] | None
+                     ) -> ipywidgets.VBox:
+    """Every state drawn now, in nested ``Stack`` widgets that the controls switch in the
+    browser."""
+    if not hasattr(widgets, "Stack"):  # Colab's ipywidgets 7.7.1, say
+        raise RuntimeError(
+            "static explorers need ipywidgets>=8 (for Stack), and this kernel has ipywidgets "
+            f"{widgets.__version__}; unset {STATIC_ENV} to recompute the view live instead")
     names = list(controls)
-    if static:
-        if not hasattr(widgets, "Stack"):  # Colab's ipywidgets 7.7.1, say
-            raise RuntimeError(
-                "static explorers need ipywidgets>=8 (for Stack), and this kernel has ipywidgets "
-                f"{widgets.__version__}; unset {STATIC_ENV} to recompute the view live instead")
-        options = [list(controls[n]) for n in names]
-        if sentences is not None:
-            names.append("sentence")
-            options.append(sentences)
-        n_states = math.prod(len(o) for o in options)
-        if n_states > MAX_STATES:
-            raise ValueError(f"a static explorer precomputes every state: {n_states} states "
-                             f"exceed MAX_STATES={MAX_STATES}; offer fewer values")
-        pngs = {}
-        for combo in itertools.product(*options):
-            view = safe_compute(**dict(zip(names, combo, strict=True)))
-            pngs[combo] = view if isinstance(view, str) else (render_png(view), _caption(view))
-        size = sum(len(p[0]) for p in pngs.values() if not isinstance(p, str))
-        if size > MAX_PAGE_BYTES:
-            raise ValueError(f"the precomputed heatmaps take {size / 1e6:.1f} MB, over "
-                             f"MAX_PAGE_BYTES={MAX_PAGE_BYTES / 1e6:.0f} MB; offer fewer values")
-        inputs = [_control(widgets, n, o) for n, o in zip(names, options, strict=True)]
+    options = [list(controls[n]) for n in names]
+    if sentences is not None:
+        names.append("sentence")
+        options.append(sentences)
+    n_states = math.prod(len(o) for o in options)
+    if n_states > MAX_STATES:
+        raise ValueError(f"a static explorer precomputes every state: {n_states} states "
+                         f"exceed MAX_STATES={MAX_STATES}; offer fewer values")
+    pngs: dict[tuple, tuple[bytes, str] | str] = {}
+    for combo in itertools.product(*options):
+        view = show(**dict(zip(names, combo, strict=True)))
+        pngs[combo] = view if isinstance(view, str) else (render_png(view), _caption(view))
+    size = sum(len(p[0]) for p in pngs.values() if not isinstance(p, str))
+    if size > MAX_PAGE_BYTES:
+        raise ValueError(f"the precomputed heatmaps take {size / 1e6:.1f} MB, over "
+                         f"MAX_PAGE_BYTES={MAX_PAGE_BYTES / 1e6:.0f} MB; offer fewer values")
+    inputs = [_control(widgets, n, o) for n, o in zip(names, options, strict=True)]
 
-        def build(level: int, prefix: tuple):
-            if level == len(names):
-                return _panel(widgets, pngs[prefix])
-            stack = widgets.Stack([build(level + 1, (*prefix, o)) for o in options[level]],
-                                  selected_index=0)
-            # one-way browser-side link: the control's index picks the stack's child
-            widgets.jsdlink((inputs[level], "index"), (stack, "selected_index"))
-            return stack
+    def build(level: int, prefix: tuple) -> ipywidgets.Widget:
+        if level == len(names):
+            return _panel(widgets, pngs[prefix])
+        stack = widgets.Stack([build(level + 1, (*prefix, o)) for o in options[level]],
+                              selected_index=0)
+        # one-way browser-side link: the control's index picks the stack's child
+        widgets.jsdlink((inputs[level], "index"), (stack, "selected_index"))
+        return stack
 
-        return _box(widgets, [*inputs, build(0, ())])
+    return _box(widgets, [*inputs, build(0, ())])
 
+
+def _live_explorer(widgets: ModuleType, show: Callable[..., View | Figure | str],
+                   controls: dict[str, Sequence], sentences: list[str] | None
+                   ) -> ipywidgets.VBox:
+    """Controls (and a text box for a sentence) whose every change recomputes the view."""
+    names = list(controls)
     inputs = [_control(widgets, n, list(controls[n])) for n in names]
     if sentences is not None:
         text = widgets.Text(value=sentences[0], description="sentence", continuous_update=False,
                             style={"description_width": "7em"}, layout=widgets.Layout(width="32em"))
         inputs.append(text)
         names.append("sentence")
+    message = widgets.HTML(layout=widgets.Layout(min_height="1.5em"))
     image = widgets.Image(format="png")
     caption = widgets.HTML()
 
-    def redraw(_change=None) -> None:
-        view = safe_compute(**{n: w.value for n, w in zip(names, inputs, strict=True)})
+    def hide(text: str) -> None:  # a message in place of the picture
+        message.value = _message_html(text)
+        image.layout.display = caption.layout.display = "none"
+
+    def redraw(_change: object = None) -> None:
+        try:
+            view = show(**{n: w.value for n, w in zip(names, inputs, strict=True)})
+        except Exception as exc:
+            # a bug, not the reader's input: raise it, and say so in the view too, since a widget
+            # callback's traceback goes to the kernel's log, not to the notebook
+            hide(f"this view failed: {type(exc).__name__}: {exc}")
+            raise
         if isinstance(view, str):
-            message.value = _message_html(view)
-            image.layout.display = caption.layout.display = "none"
+            hide(view)
             return
         message.value = ""
         image.layout.display = caption.layout.display = None
@@ -317,7 +347,7 @@ def explorer(
     return _box(widgets, [*inputs, message, image, caption])
 
 
-def _box(widgets, children: list):
+def _box(widgets: ModuleType, children: list) -> ipywidgets.VBox:
     """The explorer's outer box, marked with the CSS class ``selfattn-explorer`` (tests find it)."""
     box = widgets.VBox(children, layout=widgets.Layout(align_items="flex-start"))
     box.add_class("selfattn-explorer")
@@ -328,7 +358,7 @@ def _caption(view: View | Figure) -> str:
     return "" if isinstance(view, Figure) else view.caption
 
 
-def _control(widgets, name: str, options: list):
+def _control(widgets: ModuleType, name: str, options: list) -> ipywidgets.ValueWidget:
     if not options:
         raise ValueError(f"control {name!r} has no values")
     style = {"description_width": "7em"}
@@ -340,7 +370,7 @@ def _control(widgets, name: str, options: list):
                             layout=widgets.Layout(width="32em" if name == "sentence" else "18em"))
 
 
-def _panel(widgets, content: tuple[bytes, str] | str):
+def _panel(widgets: ModuleType, content: tuple[bytes, str] | str) -> ipywidgets.Widget:
     if isinstance(content, str):
         return widgets.HTML(_message_html(content))
     png, caption = content
