@@ -1,5 +1,8 @@
 """The benchmarks of make bench, run tiny: their rows and ratios (times are make bench's job)."""
 
+import copy
+import re
+
 import pytest
 import torch
 
@@ -97,12 +100,116 @@ def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tile
                                            "F.scaled_dot_product_attention"))
     assert all(r["ms"] > 0 and r["peak_mb"] > 0 for r in rows)
     at = {r["variant"]: r for r in rows if r["T"] == 32}
-    targets = bench.tiled_targets(rows)
-    assert [label for label, *_ in targets] == ["explicit / tiled peak memory at T=32",
-                                                "tiled / explicit time at T=32",
-                                                "tiled / F.sdpa time at T=32"]
-    memory = targets[0][1]
-    assert memory == at["explicit (selfattn)"]["peak_mb"] / at["tiled (selfattn)"]["peak_mb"] > 1
-    assert targets[2][1] == at["tiled (selfattn)"]["ms"] / at["F.scaled_dot_product_attention"]["ms"]
-    assert all(met == (ratio >= goal if op == ">=" else ratio < goal if op == "<" else ratio <= goal)
-               for _, ratio, op, goal, met in targets)
+    memory, time, sdpa = bench.tiled_targets(rows)
+    assert [t.label for t in (memory, time, sdpa)] == ["explicit / tiled peak memory at T=32",
+                                                       "tiled / explicit time at T=32",
+                                                       "tiled / F.sdpa time at T=32"]
+    assert memory.ratio == at["explicit (selfattn)"]["peak_mb"] / at["tiled (selfattn)"]["peak_mb"] > 1
+    assert sdpa.ratio == at["tiled (selfattn)"]["ms"] / at["F.scaled_dot_product_attention"]["ms"]
+    assert [(t.op, t.goal) for t in (memory, time, sdpa)] == [(">=", 8.0), ("<", 1.0), ("<=", 2.5)]
+
+
+def test_the_printer_says_met_or_missed_with_three_decimals(capsys):
+    met = bench.Target("a ratio under its goal", 0.99949, "<=", 1.0)
+    missed = bench.Target("a speed-up just short of its goal", 3.4994, ">=", 3.5,
+                          note="0.28 of the bytes bound, 12.4x")
+    assert met.met and not missed.met
+    bench._print_targets("targets", [met, missed])
+    title, first, second = capsys.readouterr().out.splitlines()
+    assert title.startswith("targets")
+    assert re.fullmatch(r"  a ratio under its goal +0\.999  target <= 1\.00  met", first)
+    assert re.fullmatch(r"  a speed-up just short of its goal +3\.499  target >= 3\.50  MISSED"
+                        r"  \(0\.28 of the bytes bound, 12\.4x\)", second)
+    assert first.index("0.999") == second.index("3.499")  # one column for every ratio
+    assert not bench.Target("strictly below", 1.0, "<", 1.0).met
+    with pytest.raises(ValueError, match="op must be one of"):
+        bench.Target("no such comparison", 1.0, "=>", 1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict[str, list[dict]]:
+    """Every benchmark of make bench, run tiny (decode with 16 query heads: MHA, GQA-4, MQA)."""
+    return {
+        "attention": bench.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
+                                               min_sample_s=0.001),
+        "fastpaths": bench.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8,
+                                              d_model=16, contexts=(16, 16)),
+        "scaling": bench.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
+                                           repeats=2, min_sample_s=0.001),
+        "decode": bench.decode_benchmark([8, 16], d_model=64, n_heads=16, kv_heads=(16, 4, 1),
+                                         bare=True, repeats=2, warmup=1),
+    }
+
+
+def _all_targets(tiny: dict[str, list[dict]]) -> list[bench.Target]:
+    return [*bench.attention_targets(tiny["attention"]), *bench.fastpath_targets(tiny["fastpaths"]),
+            *bench.tiled_targets(tiny["scaling"]),
+            *bench.decode_targets(tiny["decode"], d_model=64, n_heads=16)]
+
+
+def test_every_target_has_a_goal(tiny):
+    targets = _all_targets(tiny)
+    assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 4
+    assert len({t.label for t in targets}) == len(targets)
+    for t in targets:
+        assert t.op in ("<=", ">=", "<") and isinstance(t.goal, float) and t.goal > 0, t
+        assert t.ratio > 0 and isinstance(t.met, bool), t
+
+
+def test_the_causal_weights_rows_and_their_targets(tiny):
+    rows = tiny["attention"]
+    causal = {(r["mode"], r["variant"]) for r in rows if r["causal"]}
+    for mode in ("forward", "forward+backward"):
+        assert {(mode, bench.WEIGHTS + bench.CAUSAL), (mode, bench.TORCH_WEIGHTS + bench.CAUSAL)} == {
+            key for key in causal if key[0] == mode}
+    assert all(r["causal"] for r in rows if r["mode"] == "inference, causal")
+    ms = {(r["mode"], r["variant"]): r["ms"] for r in rows}
+    targets = {t.label: t for t in bench.attention_targets(rows)}
+    for mode, short, goal in [("forward", "forward", 1.10), ("forward+backward", "fwd+bwd", 1.10)]:
+        t = targets[f"causal weights / nn.MHA(need_weights=True), {short}"]
+        assert (t.op, t.goal) == ("<=", goal)
+        assert t.ratio == ms[(mode, bench.WEIGHTS + bench.CAUSAL)] / ms[(mode, bench.TORCH_WEIGHTS
+                                                                               + bench.CAUSAL)]
+    t = targets["causal weights / nn.MHA(need_weights=True), inference"]
+    assert (t.op, t.goal) == ("<=", 0.9)
+    assert t.ratio == (ms[("inference, causal", bench.WEIGHTS)]
+                       / ms[("inference, causal", bench.TORCH_WEIGHTS)])
+    # a causal row counts only the products the mask keeps, as the inference rows do
+    row = next(r for r in rows if r["mode"] == "forward" and r["variant"] == bench.WEIGHTS + bench.CAUSAL)
+    dropped = measure.attention_flops(16, 16, 8, 2, 1) * 15 / 32
+    assert abs(row["gflops"] * row["ms"] * 1e6 - (measure.mha_flops(1, 16, 16) - dropped)) < 1e-3 * 1e6
+
+
+def test_the_decode_targets_judge_the_longest_context_against_the_bytes_bound(tiny):
+    rows = tiny["decode"]
+    ms = {r["variant"]: r["ms_per_token"] for r in rows if r["context"] == 16}
+    targets = bench.decode_targets(rows, d_model=64, n_heads=16)
+    assert [(t.label, t.op, t.goal) for t in targets] == [
+        ("MQA speed-up over MHA at 16", ">=", 3.5), ("GQA-4 speed-up over MHA at 16", ">=", 2.0),
+        ("GQA-4 naive slow-down at 16", ">=", 4.0), ("MQA naive slow-down at 16", ">=", 4.0)]
+    mqa = targets[0]
+    assert mqa.ratio == ms["MHA"] / ms["MQA"]
+    bound = (measure.decode_bytes(64, 16, 16, 16)["total"]
+             / measure.decode_bytes(64, 16, 1, 16)["total"])
+    assert mqa.note == f"{mqa.ratio / bound:.2f} of the bytes bound, {bound:.1f}x"
+    assert targets[3].ratio == ms["MQA naive"] / ms["MQA"]
+
+
+def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, monkeypatch, tmp_path,
+                                                                       capsys):
+    for name, key in [("attention_benchmark", "attention"), ("fastpath_benchmark", "fastpaths"),
+                      ("scaling_benchmark", "scaling"), ("decode_benchmark", "decode")]:
+        monkeypatch.setattr(bench, name, lambda *a, rows=tiny[key], **k: copy.deepcopy(rows))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda: 1.0)
+    monkeypatch.setattr(bench, "decode_targets",  # the tiny decode layer's sizes, for the bound
+                        lambda rows, d_model, n_heads, f=bench.decode_targets: f(rows, 64, 16))
+    bench.main(str(tmp_path))
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "attention.csv", "bench.png", "decode.csv", "fastpaths.csv", "scaling.csv"]
+    assert bench.cpu_model() in out[0] and f"{torch.get_num_threads()} threads" in out[0]
+    expected = [bench.format_target(t) for t in _all_targets(tiny)]
+    assert [line for line in out if "  target " in line] == expected
+    met = sum(" met" in line.split("  target ")[1] for line in expected)
+    assert re.fullmatch(rf"{met} of {len(expected)} targets met(; MISSED: .+)?", out[-1])
+    assert any("not a target" in line and "4.0x" in line for line in out)
