@@ -17,6 +17,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES, scope="session")
+def device(request) -> str:
+    """Where a parity test runs: "cpu", and "cuda" too on a machine with a GPU (``pytest -k cuda``
+    runs only those). Session-scoped, so hypothesis tests can take it."""
+    return request.param
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say where the browser test left its screenshots, so a person can look at them."""
     shots = pathlib.Path(__file__).resolve().parent.parent / "_build" / "screenshots"

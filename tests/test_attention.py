@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import pytorch_reference
 
 import selfattn
+from selfattn import attention
 
 F64 = torch.float64
 
 
-def random_case(seed: int):
+def random_case(seed: int, device: str = "cpu"):
     """Random shapes (batch dims, L != S, E != Ev) and one of several mask kinds."""
     g = torch.Generator().manual_seed(seed)
 
@@ -43,21 +45,14 @@ def random_case(seed: int):
         m = torch.rand(L, S, generator=g) > 0.3
         m[:, 0] = True
         kwargs.update(attn_mask=m, is_causal=True)
-    return q, k, v, kwargs
-
-
-def pytorch_reference(q, k, v, attn_mask=None, is_causal=False, **kwargs):
-    # PyTorch's math backend refuses attn_mask together with is_causal (its fused CPU kernel
-    # ANDs them); ours always ANDs them, which is this call.
-    if attn_mask is not None and is_causal:
-        attn_mask, is_causal = attn_mask & selfattn.causal_mask(*attn_mask.shape[-2:]), False
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                          **kwargs)
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = kwargs["attn_mask"].to(device)
+    return q.to(device), k.to(device), v.to(device), kwargs
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_matches_pytorch_sdpa(seed):
-    q, k, v, kwargs = random_case(seed)
+def test_matches_pytorch_sdpa(seed, device):
+    q, k, v, kwargs = random_case(seed, device)
     out, weights = selfattn.scaled_dot_product_attention(q, k, v, **kwargs)
     expected = pytorch_reference(q, k, v, **kwargs)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
@@ -66,8 +61,8 @@ def test_matches_pytorch_sdpa(seed):
     torch.testing.assert_close(weights @ v, out, rtol=1e-12, atol=1e-12)
 
 
-def test_weights_are_the_textbook_formula():
-    q, k, v = (torch.randn(2, 4, 8, dtype=F64) for _ in range(3))
+def test_weights_are_the_textbook_formula(device):
+    q, k, v = (torch.randn(2, 4, 8, dtype=F64, device=device) for _ in range(3))
     _, weights = selfattn.scaled_dot_product_attention(q, k, v)
     expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
     torch.testing.assert_close(weights, expected)
@@ -82,10 +77,10 @@ def test_is_causal_is_top_left_aligned_when_L_differs_from_S():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["bool", "float"])
-def test_fully_masked_rows_give_zeros_not_nan(dtype, kind):
-    q = torch.randn(2, 3, 4, 8, dtype=dtype)
-    k = v = torch.randn(2, 3, 6, 8, dtype=dtype)
-    keep = torch.ones(4, 6, dtype=torch.bool)
+def test_fully_masked_rows_give_zeros_not_nan(dtype, kind, device):
+    q = torch.randn(2, 3, 4, 8, dtype=dtype, device=device)
+    k = v = torch.randn(2, 3, 6, 8, dtype=dtype, device=device)
+    keep = torch.ones(4, 6, dtype=torch.bool, device=device)
     keep[2] = False  # query 2 may attend to nothing
     mask = keep if kind == "bool" else selfattn.to_additive(keep, dtype)
     out, weights = selfattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -96,23 +91,23 @@ def test_fully_masked_rows_give_zeros_not_nan(dtype, kind):
                                atol=1e-2, rtol=0)
 
 
-def test_fully_masked_rows_from_causal_and_padding_together():
-    q = k = v = torch.randn(1, 4, 8)
-    pad = torch.tensor([False, True, True, True])  # the first key is padding
+def test_fully_masked_rows_from_causal_and_padding_together(device):
+    q = k = v = torch.randn(1, 4, 8, device=device)
+    pad = torch.tensor([False, True, True, True], device=device)  # the first key is padding
     out, weights = selfattn.scaled_dot_product_attention(q, k, v, attn_mask=pad, is_causal=True)
     assert (weights[0, 0] == 0).all() and (out[0, 0] == 0).all()  # query 0 saw only key 0
     assert not out.isnan().any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_huge_logits_stay_finite(dtype):
+def test_huge_logits_stay_finite(dtype, device):
     # scores of magnitude 1e4: exp(1e4) overflows every float type unless the max is subtracted
-    q = torch.full((1, 3, 4), 50.0, dtype=dtype)
-    k = torch.tensor([[[50.0] * 4, [-50.0] * 4, [49.0] * 4]], dtype=dtype)
-    v = torch.randn(1, 3, 2, dtype=dtype)
+    q = torch.full((1, 3, 4), 50.0, dtype=dtype, device=device)
+    k = torch.tensor([[[50.0] * 4, [-50.0] * 4, [49.0] * 4]], dtype=dtype, device=device)
+    v = torch.randn(1, 3, 2, dtype=dtype, device=device)
     out, weights = selfattn.scaled_dot_product_attention(q, k, v, scale=1.0)
     assert weights.isfinite().all() and out.isfinite().all()
-    assert torch.equal(weights[0, :, 0], torch.ones(3, dtype=dtype))  # the 1e4 score wins
+    assert torch.equal(weights[0, :, 0], torch.ones(3, dtype=dtype, device=device))  # 1e4 wins
 
 
 def test_dropout_zeroes_and_rescales_weights():
@@ -125,19 +120,19 @@ def test_dropout_zeroes_and_rescales_weights():
     torch.testing.assert_close(dropped[kept], 2 * clean[kept])
 
 
-def test_gradients_match_finite_differences():
-    q, k, v = (torch.randn(2, 3, 4, dtype=F64, requires_grad=True) for _ in range(3))
-    mask = torch.tensor([[True, True, False]] * 3)
+def test_gradients_match_finite_differences(device):
+    q, k, v = (torch.randn(2, 3, 4, dtype=F64, device=device, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[True, True, False]] * 3, device=device)
     assert torch.autograd.gradcheck(
         lambda q, k, v: selfattn.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0],
         (q, k, v),
     )
 
 
-def test_takes_pytorchs_arguments_in_pytorchs_order():
+def test_takes_pytorchs_arguments_in_pytorchs_order(device):
     g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(2, 5, 8, generator=g, dtype=F64) for _ in range(3))
-    mask = torch.rand(5, 5, generator=g) > 0.3
+    q, k, v = (torch.randn(2, 5, 8, generator=g, dtype=F64).to(device) for _ in range(3))
+    mask = torch.rand(5, 5, generator=g).to(device) > 0.3
     mask[:, 0] = True
     for args in [(mask,), (None, 0.0, True), (mask, 0.0, False)]:  # attn_mask, dropout_p, is_causal
         ours, _ = selfattn.scaled_dot_product_attention(q, k, v, *args)
@@ -145,12 +140,59 @@ def test_takes_pytorchs_arguments_in_pytorchs_order():
     torch.manual_seed(3)
     _, dropped = selfattn.scaled_dot_product_attention(q, k, v, None, 0.5)  # dropout, not causal
     assert (dropped == 0).any() and (dropped.triu(1) != 0).any()
-    with pytest.raises(TypeError):  # scale is keyword-only, as in PyTorch
+    with pytest.raises(TypeError):  # scale and enable_gqa are keyword-only, as in PyTorch
         selfattn.scaled_dot_product_attention(q, k, v, None, 0.0, False, 0.5)
+    with pytest.raises(TypeError):
+        selfattn.scaled_dot_product_attention(q, k, v, None, 0.0, False, None, True)
 
 
-def test_follows_input_dtype():
-    q = k = v = torch.randn(2, 5, 8, dtype=torch.bfloat16)
+def test_the_unchecked_core_takes_its_options_by_keyword():
+    # R1: attention.attend(q, k, v, attn_mask, dropout_p, is_causal) and the dispatcher's
+    # (q, k, v, attn_mask, is_causal, dropout_p) were both called positionally
+    q = k = v = torch.randn(2, 5, 8)
+    with pytest.raises(TypeError):
+        attention.attend(q, k, v, None, 0.0, True)
+    out, weights = attention.attend(q, k, v, is_causal=True)
+    assert (weights.triu(1) == 0).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize(("H", "H_k", "H_v"), [(6, 3, 3), (6, 1, 1), (4, 4, 4), (6, 3, 2)])
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, "bool", "float"])
+def test_enable_gqa_matches_pytorchs(H, H_k, H_v, kwargs, device):
+    # each key/value head serves its group of query heads, as in PyTorch >= 2.5
+    g = torch.Generator().manual_seed(H * 100 + H_k * 10 + H_v)
+    q = torch.randn(2, H, 4, 8, generator=g, dtype=F64).to(device)
+    k = torch.randn(2, H_k, 5, 8, generator=g, dtype=F64).to(device)
+    v = torch.randn(2, H_v, 5, 3, generator=g, dtype=F64).to(device)
+    if kwargs == "bool":
+        kwargs = {"attn_mask": (torch.rand(2, 1, 4, 5, generator=g) > 0.3).to(device)}
+    elif kwargs == "float":
+        kwargs = {"attn_mask": torch.randn(1, H, 4, 5, generator=g, dtype=F64).to(device)}
+    out, weights = selfattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    assert weights.shape == (2, H, 4, 5)
+    repeated = [selfattn.repeat_kv(t, H // t.shape[1]) for t in (k, v)]
+    torch.testing.assert_close(out, selfattn.scaled_dot_product_attention(q, *repeated, **kwargs)[0])
+
+
+def test_enable_gqa_checks_the_heads():
+    q, k = torch.randn(2, 6, 4, 8), torch.randn(2, 4, 5, 8)
+    with pytest.raises(ValueError, match=r"multiple of those of key.*\(2, 6, 4, 8\).*\(2, 4, 5, 8\)"):
+        selfattn.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+    with pytest.raises(ValueError, match=r"multiple of those of value"):
+        selfattn.scaled_dot_product_attention(q, k[:, :3], k[:, :4], enable_gqa=True)
+    with pytest.raises(ValueError, match="query must have at least 3 dimensions"):
+        selfattn.scaled_dot_product_attention(q[0, 0], k[0, 0], k[0, 0], enable_gqa=True)
+    with pytest.raises(TypeError, match=r"key must be a torch\.Tensor"):
+        selfattn.scaled_dot_product_attention(q, [1.0], k, enable_gqa=True)
+    with pytest.raises(ValueError, match="batch"):  # without enable_gqa, 6 and 3 heads clash
+        selfattn.scaled_dot_product_attention(q, k[:, :3], k[:, :3])
+
+
+def test_follows_input_dtype(device):
+    q = k = v = torch.randn(2, 5, 8, dtype=torch.bfloat16, device=device)
     out, weights = selfattn.scaled_dot_product_attention(q, k, v)
     assert out.dtype == weights.dtype == torch.bfloat16
 

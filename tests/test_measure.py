@@ -10,16 +10,10 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
+from reference import counted_flops
 
 import selfattn
 from selfattn.book import measure
-
-
-def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 @pytest.mark.parametrize(("L", "S", "E", "H", "B"), [(3, 5, 4, 1, 1), (16, 16, 8, 4, 2)])

@@ -12,18 +12,18 @@ F64 = torch.float64
 @pytest.mark.parametrize(("kdim", "vdim"), [(None, None), (12, 20)])
 @pytest.mark.parametrize("padding", [False, True])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights):
+def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights, device):
     d, h, B, L, S = 16, 4, 3, 5, 7
-    ref = nn.MultiheadAttention(d, h, batch_first=True, kdim=kdim, vdim=vdim).double().eval()
+    ref = nn.MultiheadAttention(d, h, batch_first=True, kdim=kdim, vdim=vdim).to(device, F64).eval()
     ours = selfattn.MultiHeadAttention.from_torch(ref).eval()
-    assert ours.q_proj.weight.dtype == F64
-    q = torch.randn(B, L, d, dtype=F64)
-    k = torch.randn(B, S, kdim or d, dtype=F64)
-    v = torch.randn(B, S, vdim or d, dtype=F64)
+    assert ours.q_proj.weight.dtype == F64 and ours.q_proj.weight.device.type == device
+    q = torch.randn(B, L, d, dtype=F64, device=device)
+    k = torch.randn(B, S, kdim or d, dtype=F64, device=device)
+    v = torch.randn(B, S, vdim or d, dtype=F64, device=device)
     kpm = None  # torch's key_padding_mask: True = ignore (the opposite of ours)
     mask = None
     if padding:
-        lengths = torch.tensor([7, 4, 1])
+        lengths = torch.tensor([7, 4, 1], device=device)
         kpm = ~selfattn.padding_mask(lengths, S)
         mask = selfattn.padding_mask(lengths, S)[:, None, None, :]  # (B, 1, 1, S)
     expected, expected_w = ref(q, k, v, key_padding_mask=kpm, need_weights=True,
@@ -36,12 +36,12 @@ def test_matches_torch_multihead_attention(kdim, vdim, padding, need_weights):
         assert weights is None
 
 
-def test_self_attention_defaults_and_causal_match_torch():
+def test_self_attention_defaults_and_causal_match_torch(device):
     d, h = 24, 3
-    ref = nn.MultiheadAttention(d, h, batch_first=True).double()
+    ref = nn.MultiheadAttention(d, h, batch_first=True).to(device, F64)
     ours = selfattn.MultiHeadAttention.from_torch(ref)
-    x = torch.randn(2, 6, d, dtype=F64)
-    causal_ignore = ~selfattn.causal_mask(6)  # torch's bool attn_mask: True = ignore
+    x = torch.randn(2, 6, d, dtype=F64, device=device)
+    causal_ignore = ~selfattn.causal_mask(6, device=device)  # torch's bool attn_mask: True = ignore
     expected, _ = ref(x, x, x, attn_mask=causal_ignore)
     torch.testing.assert_close(ours(x, is_causal=True)[0], expected)
     torch.testing.assert_close(ours(x, is_causal=True, need_weights=True)[0], expected)
@@ -85,12 +85,12 @@ def test_load_projections_copies_four_linear_layers():
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4, 8])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_grouped_query_attention_is_mha_with_shared_kv_heads(n_kv_heads, need_weights):
-    grouped = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double()
+def test_grouped_query_attention_is_mha_with_shared_kv_heads(n_kv_heads, need_weights, device):
+    grouped = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).to(device, F64)
     mha = selfattn.expand_kv_heads(grouped)
     assert mha.config.n_kv_heads == 8
-    x = torch.randn(2, 7, 32, dtype=F64)
-    mask = torch.rand(2, 8, 7, 7) > 0.3  # per-head mask: exercises the mask regrouping
+    x = torch.randn(2, 7, 32, dtype=F64, device=device)
+    mask = torch.rand(2, 8, 7, 7, device=device) > 0.3  # per-head mask: the mask regrouped
     mask[..., 0] = True
     for kwargs in [{}, {"is_causal": True}, {"attn_mask": mask}, {"attn_mask": mask[:, :1]}]:
         out, w = grouped(x, need_weights=need_weights, **kwargs)
@@ -119,9 +119,9 @@ def test_gqa_with_n_heads_kv_heads_is_mha_and_with_one_is_mqa():
 @pytest.mark.parametrize("n_kv_heads", [8, 2, 1])
 @pytest.mark.parametrize("prefill", [1, 4])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_kv_cache_decoding_equals_causal_forward(n_kv_heads, prefill, need_weights):
-    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double().eval()
-    x = torch.randn(2, 11, 32, dtype=F64)
+def test_kv_cache_decoding_equals_causal_forward(n_kv_heads, prefill, need_weights, device):
+    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).to(device, F64).eval()
+    x = torch.randn(2, 11, 32, dtype=F64, device=device)
     full, full_w = m(x, is_causal=True, need_weights=True)
     cache = selfattn.KVCache(capacity=2)  # small, so the cache has to grow on the way
     out, w = m(x[:, :prefill], is_causal=True, kv_cache=cache, need_weights=need_weights)
@@ -153,10 +153,10 @@ def test_kv_cache_appends_in_place_and_grows_geometrically():
     assert keys.shape == (1, 2, 1005, 8)
 
 
-def test_fully_masked_query_gives_zero_attention_output():
-    m = selfattn.MultiHeadAttention(16, 4).eval()
-    x = torch.randn(1, 3, 16)
-    mask = torch.ones(3, 3, dtype=torch.bool)
+def test_fully_masked_query_gives_zero_attention_output(device):
+    m = selfattn.MultiHeadAttention(16, 4).to(device).eval()
+    x = torch.randn(1, 3, 16, device=device)
+    mask = torch.ones(3, 3, dtype=torch.bool, device=device)
     mask[1] = False
     for need_weights in (True, False):
         out, w = m(x, attn_mask=mask, need_weights=need_weights)
@@ -167,9 +167,9 @@ def test_fully_masked_query_gives_zero_attention_output():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_runs_without_nan(dtype):
-    m = selfattn.MultiHeadAttention(16, 4, n_kv_heads=2).to(dtype)
-    x = torch.randn(2, 5, 16, dtype=dtype)
+def test_half_precision_runs_without_nan(dtype, device):
+    m = selfattn.MultiHeadAttention(16, 4, n_kv_heads=2).to(device, dtype)
+    x = torch.randn(2, 5, 16, dtype=dtype, device=device)
     for need_weights in (True, False):
         out, _ = m(x, is_causal=True, need_weights=need_weights)
         assert out.dtype == dtype and out.isfinite().all()
@@ -194,13 +194,11 @@ def test_head_dim_out_dim_and_config():
         m.config.n_heads = 2  # frozen
 
 
-
-
 @pytest.mark.parametrize("n_kv_heads", [8, 2, 1])
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_chunks_after_a_cache_get_the_bottom_right_causal_mask(n_kv_heads, need_weights):
-    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).double().eval()
-    x = torch.randn(2, 11, 32, dtype=F64)
+def test_chunks_after_a_cache_get_the_bottom_right_causal_mask(n_kv_heads, need_weights, device):
+    m = selfattn.MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).to(device, F64).eval()
+    x = torch.randn(2, 11, 32, dtype=F64, device=device)
     full, _ = m(x, is_causal=True)
     cache, outs, start = selfattn.KVCache(capacity=2), [], 0
     for size in [3, 4, 1, 3]:  # a prompt fed in chunks, each after the cached tokens

@@ -88,6 +88,26 @@ def test_scored_self_attention_module(name):
     assert m(torch.randn(2, 5, 8))[1] is None
 
 
+@pytest.mark.parametrize("name", scoring.ScoredSelfAttention.SCORERS)
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, "padding"])
+def test_scored_self_attention_is_attention_with_its_scorer(name, kwargs):
+    m = scoring.ScoredSelfAttention(8, name).double()
+    x = torch.randn(2, 5, 8, dtype=F64)
+    if kwargs == "padding":
+        kwargs = {"attn_mask": selfattn.padding_mask(torch.tensor([5, 3]), 5)[:, None, :]}
+    if name == "additive":
+        scorer = m.additive
+    else:
+        scores = scoring.dot_scores if name == "dot" else scoring.scaled_dot_scores
+        scorer = lambda q, k: scores(m.q_proj(q), m.k_proj(k))  # noqa: E731
+    out, w = m(x, need_weights=True, **kwargs)
+    expected, expected_w = scoring.attention(x, x, m.v_proj(x), scorer=scorer, **kwargs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w, expected_w[:, None])
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 3\)"):
+        m(x, attn_mask=torch.ones(3, 3, dtype=torch.bool))
+
+
 @settings(max_examples=60)
 @given(magnitude=st.sampled_from([1.0, 10.0, 100.0, 300.0]),
        dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils.flop_counter import FlopCounterMode
+from reference import counted_flops, pytorch_reference
 
 import selfattn
 from selfattn.book.measure import peak_memory
@@ -47,29 +47,24 @@ def attention_cases(draw, dtype=torch.float32):
     return q, k, v, kwargs, block_size
 
 
-def pytorch_reference(q, k, v, attn_mask=None, is_causal=False, **kwargs):
-    # PyTorch's math backend refuses attn_mask together with is_causal; we AND the two
-    (L, E), S = q.shape[-2:], k.shape[-2]
-    if attn_mask is not None and is_causal:
-        attn_mask, is_causal = attn_mask & selfattn.causal_mask(L, S), False
-    # and it wants a mask of rank 2 or more, no wider than q @ k^T: give the three the full batch
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    q, k = q.expand(*batch, L, E), k.expand(*batch, S, E)
-    attn_mask = None if attn_mask is None else attn_mask.expand(*batch, L, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                          **kwargs)
+def on(device, q, k, v, kwargs):
+    """The case's tensors on ``device``."""
+    kwargs = {n: a.to(device) if isinstance(a, torch.Tensor) else a for n, a in kwargs.items()}
+    return q.to(device), k.to(device), v.to(device), kwargs
 
 
 @given(case=attention_cases())
-def test_matches_pytorch_sdpa_in_float32(case):
-    q, k, v, kwargs, block_size = case
+def test_matches_pytorch_sdpa_in_float32(case, device):
+    q, k, v, kwargs = on(device, *case[:4])
+    block_size = case[4]
     out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
     torch.testing.assert_close(out, pytorch_reference(q, k, v, **kwargs), atol=1e-5, rtol=1e-5)
 
 
 @given(case=attention_cases(dtype=F64))
-def test_matches_the_explicit_path_in_float64(case):
-    q, k, v, kwargs, block_size = case
+def test_matches_the_explicit_path_in_float64(case, device):
+    q, k, v, kwargs = on(device, *case[:4])
+    block_size = case[4]
     out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
     expected, _ = selfattn.scaled_dot_product_attention(q, k, v, **kwargs)
     assert out.dtype == F64 and out.shape == expected.shape
@@ -78,13 +73,14 @@ def test_matches_the_explicit_path_in_float64(case):
 
 @pytest.mark.parametrize("kind", ["bool", "float", "causal and padding"])
 @pytest.mark.parametrize("block_size", [1, 2, 3, 8])
-def test_fully_masked_rows_give_zeros_and_zero_gradients(kind, block_size):
-    q, k, v = (torch.randn(2, 6, 4, dtype=F64, requires_grad=True) for _ in range(3))
-    keep = torch.ones(6, 6, dtype=torch.bool)
+def test_fully_masked_rows_give_zeros_and_zero_gradients(kind, block_size, device):
+    q, k, v = (torch.randn(2, 6, 4, dtype=F64, device=device, requires_grad=True) for _ in range(3))
+    keep = torch.ones(6, 6, dtype=torch.bool, device=device)
     keep[[1, 4]] = False  # queries 1 and 4 may attend to nothing
     kwargs = {"attn_mask": keep if kind == "bool" else selfattn.to_additive(keep, F64)}
     if kind == "causal and padding":  # query 0 sees only key 0, which is padding
-        kwargs = {"attn_mask": torch.tensor([False, True, True, True, True, True]), "is_causal": True}
+        padding = torch.tensor([False, True, True, True, True, True], device=device)
+        kwargs = {"attn_mask": padding, "is_causal": True}
     out = tiled_attention(q, k, v, block_size=block_size, **kwargs)
     dead = [1, 4] if kind != "causal and padding" else [0]
     live = [i for i in range(6) if i not in dead]
@@ -117,20 +113,14 @@ def test_gradients_match_finite_differences(kwargs):
     assert torch.autograd.gradcheck(f, inputs)
 
 
-def test_gradients_match_the_explicit_path_with_minus_infinity_in_a_float_mask():
-    q, k, v = (torch.randn(3, 9, 5, dtype=F64, requires_grad=True) for _ in range(3))
-    mask = torch.randn(9, 9, dtype=F64).masked_fill(torch.rand(9, 9) < 0.5, -math.inf)
+def test_gradients_match_the_explicit_path_with_minus_infinity_in_a_float_mask(device):
+    q, k, v = (torch.randn(3, 9, 5, dtype=F64, device=device, requires_grad=True) for _ in range(3))
+    mask = torch.randn(9, 9, dtype=F64).masked_fill(torch.rand(9, 9) < 0.5, -math.inf).to(device)
     grads = torch.autograd.grad(tiled_attention(q, k, v, mask, block_size=4).square().sum(), (q, k, v))
     expected = torch.autograd.grad(
         selfattn.scaled_dot_product_attention(q, k, v, mask)[0].square().sum(), (q, k, v))
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want)
-
-
-def counted_flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 def test_causal_attention_never_computes_the_tiles_above_the_diagonal():
@@ -171,9 +161,9 @@ def test_peak_memory_is_far_below_the_explicit_paths_and_grows_linearly():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_returns_its_dtype_finite_and_accurate(dtype):
+def test_half_precision_returns_its_dtype_finite_and_accurate(dtype, device):
     g = torch.Generator().manual_seed(2)
-    q, k, v = ((30 * torch.randn(2, 37, 16, generator=g)).to(dtype) for _ in range(3))  # scores ~1e4
+    q, k, v = ((30 * torch.randn(2, 37, 16, generator=g)).to(device, dtype) for _ in range(3))  # ~1e4
     out = tiled_attention(q, k, v, is_causal=True, block_size=8)
     assert out.dtype == dtype and out.isfinite().all()
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
@@ -199,8 +189,17 @@ def test_bad_inputs_are_refused_clearly():
         tiled_attention(q, k, v, torch.ones(5, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="same last dimension E"):
         tiled_attention(q, torch.randn(2, 5, 3), v)
-    with pytest.raises(TypeError, match="positional"):  # scale and block_size are keyword-only
+    with pytest.raises(TypeError, match="positional"):  # is_causal, scale and block_size too
         tiled_attention(q, k, v, None, False, 0.5)
+
+
+def test_the_fifth_argument_is_not_is_causal():
+    # R2: PyTorch's fifth argument is dropout_p; tiled_attention(q, k, v, None, 0.1) was causal
+    q = k = v = torch.randn(2, 5, 4)
+    with pytest.raises(TypeError, match="positional"):
+        tiled_attention(q, k, v, None, 0.1)
+    torch.testing.assert_close(tiled_attention(q, k, v, None, is_causal=True),
+                               selfattn.scaled_dot_product_attention(q, k, v, is_causal=True)[0])
 
 
 @given(shape=st.lists(st.integers(1, 4), max_size=2), S=st.integers(1, 20), data=st.data())

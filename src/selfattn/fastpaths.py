@@ -1,21 +1,45 @@
 r"""The fast paths of :class:`~selfattn.MultiHeadAttention`: the same numbers, computed faster.
 
-The readable computation is :func:`~selfattn.heads.repeat_kv` for grouped heads, then
-:func:`selfattn.attention.attend` when the weights are asked for, or PyTorch's fused
-``F.scaled_dot_product_attention`` when they are not. Each path below computes the same result
-another way. Each can be switched off (:func:`disabled`), is tested equal to the readable
-computation (tests/test_fastpaths.py), and is kept only because ``make bench`` times the layer
-with it and without it, side by side, and the difference is worth having
-(:func:`selfattn.book.bench.fastpath_benchmark`):
+:func:`attend_heads` is the attention of every head of the layer. Its readable computation is
+:func:`~selfattn.heads.repeat_kv` for grouped heads, then :func:`selfattn.attention.attend` when
+the weights are asked for, or PyTorch's fused ``F.scaled_dot_product_attention`` when they are
+not. A fast path computes the same result another way, and runs only where its condition, which
+sees the whole call (:class:`Call`), holds:
+
+====================  ==========================================================================
+path                  runs when ``ENABLED[path]`` and
+====================  ==========================================================================
+``grouped_heads``     there are more query heads than key/value heads (GQA, MQA)
+``inplace_softmax``   the weights are asked for; on a CPU
+``split_kv``          no weights; no mask, not causal, no dropout; nothing to differentiate (the
+                      kernel gives no gradient for the log-sum-exp that merges the parts); on
+                      a CPU; batch 1; at most ``SPLIT_KV_MAX_QUERIES`` queries (a group's
+                      stacked); at least ``SPLIT_KV_MIN_KEYS`` keys; at least two threads per
+                      key/value head; PyTorch's CPU flash kernel, with its log-sum-exp, exists
+(readable)            otherwise
+====================  ==========================================================================
+
+``grouped_heads`` is a step on the call, taken first: it decides how the query heads meet their
+key/value head (the readable way copies the keys, :func:`~selfattn.heads.repeat_kv`). Then the
+first kernel of :data:`KERNELS` whose condition holds runs, else the readable one:
 
 * ``grouped_heads``: GQA and MQA without copying the keys: the query heads that share a
-  key/value head are stacked along the sequence axis and attend to it in one product. During
-  decoding the copy would move as many bytes as MHA's whole cache.
-* ``inplace_softmax``: with the weights asked for and nothing to differentiate, the mask and the
-  softmax overwrite the scores' own buffer instead of allocating new ``(L, S)`` ones.
+  key/value head are stacked along the sequence axis and attend to it in one product (a causal
+  mask becomes a bool mask, regrouped like the queries). During decoding the copy would move as
+  many bytes as MHA's whole cache.
+* ``inplace_softmax``: the masks overwrite the scores' own buffer instead of allocating new
+  ``(L, S)`` ones, and so does the softmax where there is nothing to differentiate (grad mode
+  off, or no input and no mask requiring grad; autograd keeps the softmax's output for the
+  backward pass). It is :func:`selfattn.attention._masked_softmax` with ``inplace=True``: the
+  masks mean what they mean on the readable path, written once.
 * ``split_kv``: decoding on a CPU with fewer (batch, key/value head) pairs than threads splits the
   cache into parts computed side by side, merged by their log-sum-exp ("flash-decoding",
-  Dao et al. 2023), so MQA uses every core.
+  Dao et al. 2023), so MQA uses every core (:func:`decode_attention`).
+
+Each can be switched off (:func:`disabled`), is tested equal to the readable computation with
+every argument its condition reads (tests/test_fastpaths.py), and is kept only because
+``make bench`` times the layer with it and without it, side by side, and the difference is worth
+having (:func:`selfattn.book.bench.fastpath_benchmark`).
 """
 
 from __future__ import annotations
@@ -23,18 +47,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import _weights_and_output
 from .attention import attend as readable_attend
 from .heads import _repeat_kv
 from .masks import causal_mask
 
 ENABLED = {"grouped_heads": True, "inplace_softmax": True, "split_kv": True}
 SPLIT_KV_MIN_KEYS = 4096  # split a cache across threads from this many keys
+SPLIT_KV_MAX_QUERIES = 64  # ... for at most this many queries (decoding, not a prefill)
 
 
 @contextlib.contextmanager
@@ -51,34 +79,115 @@ def disabled(*names: str) -> Iterator[None]:
         ENABLED.update(saved)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
-           dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of :func:`attend_heads`: everything a path's condition may read. ``q`` is
+    ``(B, H, L, hd)`` (``(B, H_kv, g*L, hd)`` once ``grouped_heads`` has stacked it), ``k`` and
+    ``v`` ``(B, H_kv, S, hd)``; the options as given; grad mode and the thread count as they were
+    when the call was made."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    attn_mask: Tensor | None
+    is_causal: bool
+    dropout_p: float
+    need_weights: bool
+    grad_enabled: bool
+    threads: int
+
+    @classmethod
+    def of(cls, q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+           is_causal: bool = False, dropout_p: float = 0.0, need_weights: bool = False) -> Call:
+        return cls(q, k, v, attn_mask, is_causal, dropout_p, need_weights,
+                   grad_enabled=torch.is_grad_enabled(), threads=torch.get_num_threads())
+
+    @property
+    def mask(self) -> str:
+        """The mask's kind: ``"none"``, ``"bool"`` or ``"float"``."""
+        if self.attn_mask is None:
+            return "none"
+        return "bool" if self.attn_mask.dtype == torch.bool else "float"
+
+    @property
+    def differentiable(self) -> bool:
+        """Autograd records this call: grad mode is on and an input or the mask requires grad."""
+        tensors = [self.q, self.k, self.v] + ([] if self.attn_mask is None else [self.attn_mask])
+        return self.grad_enabled and any(t.requires_grad for t in tensors)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.q.device.type == "cpu"
+
+    @property
+    def group_size(self) -> int:
+        """How many query heads share each key/value head."""
+        return self.q.shape[1] // self.k.shape[1]
+
+
+@dataclass(frozen=True, slots=True)
+class FastPath:
+    """A fast path: its name in :data:`ENABLED`, the condition under which it computes what the
+    readable path computes, and what it runs: for ``grouped_heads`` the :class:`Call` that the
+    call becomes, for a kernel ``(output, weights or None)``."""
+
+    name: str
+    eligible: Callable[[Call], bool]
+    run: Callable[[Call], Any]
+
+
+def attend_heads(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False, dropout_p: float = 0.0,
+                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
     """Attention of every head: ``q`` (B, H, L, hd), ``k`` and ``v`` (B, H_kv, S, hd) ->
     ``(B, H, L, hd)`` and, if ``need_weights``, the weights ``(B, H, L, S)``.
 
     ``attn_mask`` broadcasts to (B, H, L, S); ``is_causal`` is PyTorch's top-left causal mask,
     never given together with ``attn_mask`` (the caller combines them). Nothing is checked here.
+    Which path computes it: the table in this module's docstring.
     """
-    B, H, L, hd = q.shape
-    S, g = k.shape[2], H // k.shape[1]
-    if g > 1 and not ENABLED["grouped_heads"]:
-        k, v, g = _repeat_kv(k, g), _repeat_kv(v, g), 1  # (B, H, S, hd): a copy per query head
-    if g > 1:  # a group's query heads, stacked along the sequence, attend to its key head at once
-        if is_causal:
-            attn_mask, is_causal = causal_mask(L, S, device=q.device), False  # (L, S)
-        q = q.reshape(B, H // g, g * L, hd)  # (B, H_kv, g*L, hd)
-        attn_mask = None if attn_mask is None else _group_mask(attn_mask, H, g, L)
-    if need_weights:
-        explicit = (_inplace_attend if ENABLED["inplace_softmax"] and q.device.type == "cpu"
-                    and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
-                    else readable_attend)
-        out, weights = explicit(q, k, v, attn_mask, dropout_p, is_causal)
-        return out.reshape(B, H, L, hd), weights.reshape(B, H, L, S)
-    if attn_mask is None and dropout_p == 0.0 and (chunks := _decode_chunks(q, k)) > 1:
-        return _split_kv_attention(q, k, v, chunks).reshape(B, H, L, hd), None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal)  # (B, H_kv, g*L, hd)
-    return out.reshape(B, H, L, hd), None
+    B, H, L, _ = q.shape
+    S = k.shape[2]
+    call = Call.of(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                   need_weights=need_weights)
+    # heads: every query head, or every group of them stacked, meets one key/value head
+    call = GROUPED_HEADS.run(call) if _chosen(GROUPED_HEADS, call) else _copy_kv_heads(call)
+    # kernel: the first fast path whose condition holds, else the readable computation
+    kernel = next((path.run for path in KERNELS if _chosen(path, call)), _readable)
+    out, weights = kernel(call)  # (B, H or H_kv, L or g*L, hd), the weights likewise over S
+    return out.reshape(B, H, L, -1), None if weights is None else weights.reshape(B, H, L, S)
+
+
+def _chosen(path: FastPath, call: Call) -> bool:
+    return ENABLED[path.name] and path.eligible(call)
+
+
+def _readable(c: Call) -> tuple[Tensor, Tensor | None]:
+    if c.need_weights:
+        return readable_attend(c.q, c.k, c.v, attn_mask=c.attn_mask, dropout_p=c.dropout_p,
+                               is_causal=c.is_causal)
+    out = F.scaled_dot_product_attention(c.q, c.k, c.v, attn_mask=c.attn_mask,
+                                         dropout_p=c.dropout_p, is_causal=c.is_causal)
+    return out, None
+
+
+def _copy_kv_heads(c: Call) -> Call:
+    """The readable way to share key/value heads: a copy of each for every query head it serves."""
+    g = c.group_size
+    if g == 1:
+        return c
+    return replace(c, k=_repeat_kv(c.k, g), v=_repeat_kv(c.v, g))  # (B, H, S, hd) each
+
+
+def _stack_groups(c: Call) -> Call:
+    """The query heads of each group stacked along the sequence, ``(B, H_kv, g*L, hd)``, with the
+    mask regrouped to match: the group attends to its key/value head in one product."""
+    B, H, L, hd = c.q.shape
+    g = c.group_size
+    mask = causal_mask(L, c.k.shape[2], device=c.q.device) if c.is_causal else c.attn_mask
+    q = c.q.reshape(B, H // g, g * L, hd)  # (B, H_kv, g*L, hd)
+    mask = None if mask is None else _group_mask(mask, H, g, L)
+    return replace(c, q=q, attn_mask=mask, is_causal=False)
 
 
 def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
@@ -92,46 +201,38 @@ def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
     return m.expand(b, H, L, s).reshape(b, H // g, g * L, s)  # (b, H_kv, g*L, s)
 
 
-def _inplace_attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
-                    is_causal: bool) -> tuple[Tensor, Tensor]:
-    """:func:`selfattn.attention.attend` for inference: one ``(..., L, S)`` buffer holds the
-    scores, then the masked scores, then the weights."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)  # (..., L, S)
-    keep = None
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        keep = attn_mask
-    elif attn_mask is not None:
-        scores = _add(scores, attn_mask)  # a bias, and -inf where a key is blocked
-        keep = attn_mask != float("-inf")
-    if is_causal:
-        causal = causal_mask(*scores.shape[-2:], device=scores.device)  # (L, S)
-        keep = causal if keep is None else keep & causal
-    if keep is not None:
-        dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
-        scores = _fill(_fill(scores, ~keep, float("-inf")), dead, 0.0)
-    weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # (..., L, S), in place
-    if keep is not None:
-        weights = _fill(weights, dead, 0.0)
-    weights = weights.to(v.dtype)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p, training=True)
-    return weights @ v, weights  # (..., L, hd), (..., L, S)
+def _inplace_softmax(c: Call) -> tuple[Tensor, Tensor]:
+    """:func:`selfattn.attention.attend`, with one ``(..., L, S)`` buffer for the scores, then the
+    masked scores, then (where autograd records nothing) the weights."""
+    dtype = torch.promote_types(c.q.dtype, torch.float32)
+    scale = 1.0 / math.sqrt(c.q.shape[-1])
+    scores = (c.q.to(dtype) * scale) @ c.k.to(dtype).transpose(-2, -1)  # (..., L, S)
+    return _weights_and_output(scores, c.v, attn_mask=c.attn_mask, is_causal=c.is_causal,
+                               dropout_p=c.dropout_p, inplace=True)  # (..., L, hd), (..., L, S)
 
 
-def _fits(small: Tensor, big: Tensor) -> bool:
-    return torch.broadcast_shapes(small.shape, big.shape) == big.shape
+def decode_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    r"""What ``F.scaled_dot_product_attention(q, k, v)`` computes for a few new queries ``q``
+    ``(B, H_kv, n, hd)`` (each group's query heads stacked) over a long cache ``k``, ``v``
+    ``(B, H_kv, S, hd)``, no mask: ``(B, H_kv, n, hd)``. Where ``split_kv``'s condition holds,
+    the keys are split into parts computed side by side (:func:`_split_kv_attention`); nothing
+    is checked."""
+    call = Call.of(q, k, v)
+    if not _chosen(SPLIT_KV, call):
+        return F.scaled_dot_product_attention(q, k, v)  # (B, H_kv, n, hd)
+    return SPLIT_KV.run(call)[0]  # (B, H_kv, n, hd)
 
 
-def _add(scores: Tensor, bias: Tensor) -> Tensor:
-    return scores.add_(bias) if _fits(bias, scores) and bias.dtype == scores.dtype else scores + bias
+def _split_kv(c: Call) -> tuple[Tensor, None]:
+    return _split_kv_attention(c.q, c.k, c.v, _split_kv_chunks(c.q, c.k, c.threads)), None
 
 
-def _fill(scores: Tensor, where: Tensor, value: float) -> Tensor:
-    return scores.masked_fill_(where, value) if _fits(where, scores) else scores.masked_fill(where, value)
+def _split_kv_eligible(c: Call) -> bool:
+    return (not c.need_weights and c.mask == "none" and not c.is_causal and c.dropout_p == 0.0
+            and not c.differentiable and _split_kv_chunks(c.q, c.k, c.threads) > 1)
 
 
-def _decode_chunks(q: Tensor, k: Tensor) -> int:
+def _split_kv_chunks(q: Tensor, k: Tensor, threads: int) -> int:
     """How many parts to split the keys into for :func:`_split_kv_attention`; 1 = do not split.
 
     PyTorch's CPU attention kernel spreads its work over (batch, key/value head) pairs and
@@ -141,14 +242,14 @@ def _decode_chunks(q: Tensor, k: Tensor) -> int:
     cache, on a CPU, with more threads than pairs.
     """
     B, H_kv, n_queries, _ = q.shape
-    if (not ENABLED["split_kv"] or q.device.type != "cpu" or B != 1 or n_queries > 64
+    if (q.device.type != "cpu" or B != 1 or n_queries > SPLIT_KV_MAX_QUERIES
             or k.shape[2] < SPLIT_KV_MIN_KEYS or _flash_with_lse() is None):
         return 1
-    return torch.get_num_threads() // H_kv
+    return max(1, threads // H_kv)
 
 
 @functools.cache
-def _flash_with_lse():
+def _flash_with_lse() -> Any:
     """PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp of each row of
     scores; ``None`` where this build of PyTorch lacks it (a private op, looked up on first use)."""
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -159,7 +260,8 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
     into ``chunks`` parts computed side by side and merged.
 
     Each part $c$ returns its output $o_c$ and the log-sum-exp $\ell_c$ of its scores; the exact
-    result is $\sum_c e^{\ell_c - \ell}\, o_c$ with $\ell = \log \sum_c e^{\ell_c}$.
+    result is $\sum_c e^{\ell_c - \ell}\, o_c$ with $\ell = \log \sum_c e^{\ell_c}$. The kernel
+    gives no gradient for $\ell_c$, so autograd must have nothing to differentiate here.
     """
     flash = _flash_with_lse()  # returns (out, lse, ...)
     _, H_kv, n, hd = q.shape
@@ -177,3 +279,12 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
         out, lse = torch.cat([out, tail_out]), torch.cat([lse, tail_lse])
     share = torch.softmax(lse, dim=0).to(out.dtype)  # (c, H_kv, n): each part's weight
     return (out * share[..., None]).sum(0, keepdim=True)  # (1, H_kv, n, hd)
+
+
+# The table: each path's condition and what it runs (the module docstring says them in words).
+GROUPED_HEADS = FastPath("grouped_heads", lambda c: c.group_size > 1, _stack_groups)
+SPLIT_KV = FastPath("split_kv", _split_kv_eligible, _split_kv)
+KERNELS = [
+    FastPath("inplace_softmax", lambda c: c.need_weights and c.on_cpu, _inplace_softmax),
+    SPLIT_KV,
+]

@@ -57,7 +57,7 @@ def _merge_heads(x: Tensor) -> Tensor:
 
 
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    return x.repeat_interleave(n_rep, dim=1)  # (B, H_kv * n_rep, S, hd)
+    return x.repeat_interleave(n_rep, dim=-3)  # (..., H_kv * n_rep, S, hd): the heads are dim -3
 
 
 def _shape(x: Tensor, layout: str) -> tuple[int, ...]:

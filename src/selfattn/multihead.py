@@ -10,9 +10,9 @@ $$\operatorname{MultiHead}(Q, K, V) = \operatorname{Concat}(\text{head}_1, \dots
   $g(i) = \lfloor i / (h / h_{kv}) \rfloor$ (the ``repeat_interleave`` order).
 
 ``forward`` reads as the computation: project, split heads, rotate (RoPE), cache, mask, attend,
-merge heads. Where the library computes a step faster (no copies of grouped key/value heads, an
-in-place softmax, a split cache), :mod:`selfattn.fastpaths` does it, tested equal to the plain
-way.
+merge heads. Its attend step is :func:`selfattn.fastpaths.attend_heads`: where the library
+computes it faster (no copies of grouped key/value heads, an in-place softmax, a split cache),
+a fast path does it, tested equal to the plain way.
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ class MultiHeadAttention(nn.Module):
                 attn_mask = _and(attn_mask, causal_mask(L, S, offset=P, device=q.device))
         # attend: (B, H, L, hd), and the weights (B, H, L, S) if asked for
         dropout_p = cfg.dropout_p if self.training else 0.0
-        out, weights = fastpaths.attend(q, k, v, attn_mask, is_causal, dropout_p, need_weights)
+        out, weights = fastpaths.attend_heads(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              dropout_p=dropout_p, need_weights=need_weights)
         # merge heads
         return self.out_proj(_merge_heads(out)), weights  # (B, L, out_dim)
 
@@ -273,7 +274,7 @@ class MultiHeadAttention(nn.Module):
         ours = cls(E, module.num_heads, kdim=module.kdim, vdim=module.vdim,
                    bias=module.in_proj_bias is not None, dropout_p=module.dropout)
         ours = ours.to(dtype=ref.dtype, device=ref.device)
-        if module._qkv_same_embed_dim:
+        if module.in_proj_weight is not None:  # q, k and v of one width, packed
             weights = module.in_proj_weight.split(E)
         else:
             weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
@@ -302,7 +303,7 @@ class MultiHeadAttention(nn.Module):
                                        batch_first=True, device=w.device, dtype=w.dtype)
         projections = (self.q_proj, self.k_proj, self.v_proj)
         with torch.no_grad():
-            if theirs._qkv_same_embed_dim:
+            if theirs.in_proj_weight is not None:  # q, k and v of one width, packed
                 theirs.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
             else:
                 for name, p in zip("qkv", projections, strict=True):

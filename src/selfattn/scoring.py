@@ -15,23 +15,22 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import _masked_softmax
+from .attention import _weights_and_output
 from .checks import check_dropout, check_mask, check_positive_int, check_same_dtype_device, check_tensor
 
 Scorer = Callable[[Tensor, Tensor], Tensor]
 
 
 def _check_pair(query: object, key: object, same_width: bool) -> None:
-    check_tensor(query, "query", min_rank=2)
-    check_tensor(key, "key", min_rank=2)
-    check_same_dtype_device(query=query, key=key)
-    if same_width and query.shape[-1] != key.shape[-1]:
+    q = check_tensor(query, "query", min_rank=2)
+    k = check_tensor(key, "key", min_rank=2)
+    check_same_dtype_device(query=q, key=k)
+    if same_width and q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"a dot product needs query and key of the same width, got query "
-            f"{tuple(query.shape)} and key {tuple(key.shape)}; project one of them first, or "
+            f"{tuple(q.shape)} and key {tuple(k.shape)}; project one of them first, or "
             "use the additive scorer"
         )
 
@@ -103,12 +102,18 @@ def attention(
             f"key and value must have the same length S, got key {tuple(key.shape)} and value "
             f"{tuple(value.shape)}"
         )
+    return _attend_to_scores(scores, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                             is_causal=is_causal)  # (..., L, Ev), (..., L, S)
+
+
+def _attend_to_scores(scores: Tensor, value: Tensor, *, attn_mask: Tensor | None,
+                      dropout_p: float, is_causal: bool) -> tuple[Tensor, Tensor]:
+    """Weights from ``scores`` (..., L, S), then their sum of ``value`` (..., S, Ev), as in
+    :func:`selfattn.scaled_dot_product_attention`; checks the mask against the scores."""
     if attn_mask is not None:
         check_mask(attn_mask, tuple(scores.shape))
-    weights = _masked_softmax(scores, attn_mask, is_causal).to(value.dtype)  # (..., L, S)
-    if check_dropout(dropout_p) > 0:
-        weights = F.dropout(weights, p=dropout_p, training=True)
-    return weights @ value, weights  # (..., L, Ev), (..., L, S)
+    return _weights_and_output(scores, value, attn_mask=attn_mask, is_causal=is_causal,
+                               dropout_p=check_dropout(dropout_p))  # (..., L, Ev), (..., L, S)
 
 
 class ScoredSelfAttention(nn.Module):
@@ -146,6 +151,6 @@ class ScoredSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        out, weights = attention(x, x, self.v_proj(x), scorer=lambda q, k: self.score(q),
-                                 attn_mask=attn_mask, is_causal=is_causal)  # (B, T, d), (B, T, T)
+        out, weights = _attend_to_scores(self.score(x), self.v_proj(x), attn_mask=attn_mask,
+                                         dropout_p=0.0, is_causal=is_causal)  # (B, T, d), (B, T, T)
         return out, weights.unsqueeze(1) if need_weights else None  # (B, 1, T, T): one head

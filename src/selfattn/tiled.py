@@ -62,8 +62,8 @@ def tiled_attention(
     key: Tensor,
     value: Tensor,
     attn_mask: Tensor | None = None,
-    is_causal: bool = False,
     *,
+    is_causal: bool = False,
     scale: float | None = None,
     block_size: int = 256,
 ) -> Tensor:
@@ -72,9 +72,11 @@ def tiled_attention(
     Arguments as in :func:`selfattn.scaled_dot_product_attention`, without dropout: a bool
     ``attn_mask`` is True where a query may attend, a float one is added to the scores;
     ``is_causal`` masks key ``j > i`` for query ``i`` (top-left aligned), ANDed with
-    ``attn_mask``. A tile is ``block_size`` queries by ``block_size`` keys. Returns the output
-    ``(..., L, Ev)`` in the inputs' dtype (accumulated in float32 for half precision), zero where
-    every key is masked. The weights are never formed.
+    ``attn_mask``. Everything after ``attn_mask`` is keyword-only: PyTorch's fifth argument is
+    ``dropout_p``, which this function does not take, so ``tiled_attention(q, k, v, None, 0.1)``
+    is an error, not a causal call. A tile is ``block_size`` queries by ``block_size`` keys.
+    Returns the output ``(..., L, Ev)`` in the inputs' dtype (accumulated in float32 for half
+    precision), zero where every key is masked. The weights are never formed.
     """
     check_attention_inputs(query, key, value, attn_mask, 0.0)
     b = check_positive_int(block_size, "block_size")
@@ -106,7 +108,7 @@ def tiled_attention(
             elif mask is not None:
                 s.add_(mask)
             if is_causal and j == i:  # the tile on the diagonal: mask the keys after each query
-                s.masked_fill_(~causal_mask(*s.shape[-2:], device=s.device), -math.inf)
+                s.masked_fill_(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), -math.inf)
             # m is only a shift that cancels in acc / l: detached, autograd neither follows it nor
             # keeps s for it (s is overwritten two lines below)
             m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., Lb, 1)

@@ -75,8 +75,9 @@ def bare_decode_step(layer: MultiHeadAttention, x: Tensor, cache: KVCache) -> Te
     """What ``layer(x, is_causal=True, kv_cache=cache)[0]`` computes for one new token ``x``
     ``(1, 1, d_model)`` (batch 1, inference, no RoPE), as one function: the same products, the
     same cache and the same attention kernels, without the layer's input checks, submodule
-    calls, head helpers and dispatch (it still calls ``cache.append`` and the split-KV
-    kernel's wrapper). The one new query sees every cached key, so no mask is needed."""
+    calls, head helpers and dispatch (it still calls ``cache.append`` and
+    :func:`~selfattn.fastpaths.decode_attention`, which splits the cache across threads where
+    the layer would). The one new query sees every cached key, so no mask is needed."""
     cfg = layer.config
     if cfg.rope or layer.training or tuple(x.shape) != (1, 1, cfg.d_model):
         raise ValueError(f"bare_decode_step takes one token (1, 1, {cfg.d_model}) for a layer in "
@@ -88,7 +89,5 @@ def bare_decode_step(layer: MultiHeadAttention, x: Tensor, cache: KVCache) -> Te
     v = F.linear(x, layer.v_proj.weight, layer.v_proj.bias)  # (1, 1, H_kv*hd)
     q = q.view(1, H_kv, H // H_kv, hd)  # (1, H_kv, g, hd): each group's query heads stacked
     k, v = cache.append(k.view(1, H_kv, 1, hd), v.view(1, H_kv, 1, hd))  # (1, H_kv, S, hd)
-    chunks = fastpaths._decode_chunks(q, k)
-    out = (fastpaths._split_kv_attention(q, k, v, chunks) if chunks > 1
-           else F.scaled_dot_product_attention(q, k, v))  # (1, H_kv, g, hd)
+    out = fastpaths.decode_attention(q, k, v)  # (1, H_kv, g, hd): split_kv where it pays
     return F.linear(out.reshape(1, 1, H * hd), layer.out_proj.weight, layer.out_proj.bias)
