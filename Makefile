@@ -1,7 +1,9 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
-#   make test   find or install a browser; set up .venv if needed; unit tests, then the chapters
-#               under nbval on Colab's widget versions, beside the book build; then book checks
+#   make test   lint and type check; find or install a browser; set up .venv if needed; unit
+#               tests, then the chapters under nbval on Colab's widget versions, beside the book
+#               build; then book checks
+#   make unit   the inner loop (a minute or two): lint, type check, the tests that need no built book
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
 CJK_FONT := _vendor/fonts/book-cjk.woff2
 
-.PHONY: book test lint bench clean browser
+.PHONY: book test unit lint bench clean browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,7 +60,7 @@ browser:
 # each (small tensors gain little from a second thread, so on 2 cores this takes about half the
 # time of one after the other). The tests that read the built book and the harness's report
 # run last.
-test: browser $(STAMP) $(VENDOR) $(CJK_FONT)
+test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	@log=$$(mktemp); \
 	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
@@ -68,11 +70,18 @@ test: browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	$(PY) -m pytest -m built_book tests; late=$$?; \
 	[ $$unit -eq 0 ] && [ $$chapters -eq 0 ] && [ $$late -eq 0 ]
 
+# ruff over everything; mypy over the attention library (selfattn, not selfattn.book: see
+# [tool.mypy] in pyproject.toml). Both take seconds; make test starts with them.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
+
+# The fast inner loop: lint, then every test that needs neither the built book nor a browser.
+unit: lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not built_book" tests
 
 clean:
-	rm -rf _build .pytest_cache .ruff_cache .hypothesis
+	rm -rf _build .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 # Benchmarks print tables measured in one run on this machine (see src/selfattn/bench.py).
 bench: $(STAMP)

@@ -34,7 +34,7 @@ CASES = {
     "multi_head": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4)), "split_heads"),
     "multi_head, chapter 6": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(
         128, 8, head_dim=16, kdim=128, vdim=64, out_dim=8), 10, 4), "merge_heads"),
-    "multi_head, GQA and RoPE": (lambda: diagrams.multi_head(selfattn.AttentionConfig(
+    "multi_head, GQA and RoPE": (lambda: diagrams.multi_head(selfattn.AttentionConfig.build(
         d_model=64, n_heads=16, n_kv_heads=4, rope=True), 32, 128), "out_proj"),
     "kv_heads": (lambda: diagrams.kv_heads(), "KV cache"),
     "kv_heads, 32 heads": (lambda: diagrams.kv_heads(32, (32, 8, 4, 1), 128), "KV cache"),
@@ -181,12 +181,12 @@ def test_multi_head_takes_its_shapes_from_the_layer():
     assert {"(3, 7, 48)", "(3, 6, 7, 8)", "(3, 7, 10)"} <= numbers_in(other)
     assert not numbers_in(small) & numbers_in(other)
     assert "apply_rope" not in s
-    assert "apply_rope" in strings(diagrams.multi_head(selfattn.AttentionConfig(d_model=32, n_heads=4,
+    assert "apply_rope" in strings(diagrams.multi_head(selfattn.AttentionConfig.build(d_model=32, n_heads=4,
                                                                                 rope=True)))
 
 
 def test_multi_head_gives_each_query_head_its_key_value_head():
-    d = diagrams.multi_head(selfattn.AttentionConfig(d_model=64, n_heads=8, n_kv_heads=2))
+    d = diagrams.multi_head(selfattn.AttentionConfig.build(d_model=64, n_heads=8, n_kv_heads=2))
     assert {"(2, 5, 16)", "(2, 2, 5, 8)", "(2, 8, 5, 8)"} <= numbers_in(d)
 
     def row(letter):  # the labels of one letter's boxes, left to right

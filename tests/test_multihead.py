@@ -230,3 +230,16 @@ def test_forward_checks_its_inputs_once_then_calls_the_unchecked_cores(monkeypat
     assert out.shape == (2, 5, 16)
     with pytest.raises(AssertionError, match="checks its inputs again"):
         selfattn.heads.split_heads(x, 4)  # the patch is live: the public helper would trip it
+
+
+def test_the_config_stores_every_size_resolved():
+    cfg = selfattn.AttentionConfig.build(d_model=32, n_heads=4, n_kv_heads=2)
+    sizes = {name: getattr(cfg, name) for name in
+             ("d_model", "n_heads", "n_kv_heads", "head_dim", "kdim", "vdim", "out_dim")}
+    assert sizes == {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "kdim": 32,
+                     "vdim": 32, "out_dim": 32}
+    assert selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).config == cfg
+    with pytest.raises(TypeError):  # the constructor takes every size; build() fills defaults in
+        selfattn.AttentionConfig(d_model=32, n_heads=4)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        selfattn.AttentionConfig.build(d_model=32, n_heads=4, n_kv_heads=3)

@@ -66,6 +66,7 @@ def test_the_browser_is_found_on_path_in_the_environment_and_in_playwrights_cach
     assert done.stdout.strip() == str(downloaded)
 
 
+@pytest.mark.built_book  # the font is built by make (book or test), not by a fresh checkout
 def test_the_webfont_covers_every_chinese_character_of_the_book():
     from fontTools.ttLib import TTFont
 

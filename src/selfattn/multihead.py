@@ -31,53 +31,57 @@ from .positional import _apply_rope
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
-    """The sizes of a :class:`MultiHeadAttention`; checks itself when created.
+    """The sizes of a :class:`MultiHeadAttention`, every one resolved; checks itself when created.
 
-    ``n_kv_heads`` defaults to ``n_heads`` (MHA), ``head_dim`` to ``d_model // n_heads``,
-    ``kdim``/``vdim`` (the key and value inputs' sizes) and ``out_dim`` to ``d_model``.
-    ``rope``: rotate queries and keys by their positions (RoPE, Su et al. 2021); needs an even
-    ``head_dim``.
+    Build one with :meth:`build`, which fills in the defaults: ``n_kv_heads`` = ``n_heads``
+    (MHA), ``head_dim`` = ``d_model // n_heads``, ``kdim``/``vdim`` (the key and value inputs'
+    sizes) and ``out_dim`` = ``d_model``. ``rope``: rotate queries and keys by their positions
+    (RoPE, Su et al. 2021); needs an even ``head_dim``.
     """
 
     d_model: int
     n_heads: int
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    kdim: int | None = None
-    vdim: int | None = None
-    out_dim: int | None = None
+    n_kv_heads: int
+    head_dim: int
+    kdim: int
+    vdim: int
+    out_dim: int
     bias: bool = True
     dropout_p: float = 0.0
     rope: bool = False
 
-    def __post_init__(self) -> None:
-        check_positive_int(self.d_model, "d_model")
-        check_positive_int(self.n_heads, "n_heads")
-        n_kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        check_positive_int(n_kv, "n_kv_heads")
-        if self.n_heads % n_kv != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({n_kv}): "
-                "each key/value head serves a whole group of query heads"
-            )
-        if self.head_dim is None:
-            if self.d_model % self.n_heads != 0:
+    @classmethod
+    def build(cls, *, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+              head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
+              out_dim: int | None = None, bias: bool = True, dropout_p: float = 0.0,
+              rope: bool = False) -> AttentionConfig:
+        """The config with every size left out filled in from ``d_model`` and ``n_heads``."""
+        check_positive_int(d_model, "d_model")
+        check_positive_int(n_heads, "n_heads")
+        if head_dim is None:
+            if d_model % n_heads != 0:
                 raise ValueError(
-                    f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
+                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads}), "
                     "or give head_dim explicitly"
                 )
-            head_dim = self.d_model // self.n_heads
-        else:
-            head_dim = check_positive_int(self.head_dim, "head_dim")
-        if self.rope and head_dim % 2:
-            raise ValueError(f"rope rotates pairs of features: head_dim must be even, got {head_dim}")
-        kdim = self.d_model if self.kdim is None else check_positive_int(self.kdim, "kdim")
-        vdim = self.d_model if self.vdim is None else check_positive_int(self.vdim, "vdim")
-        out = self.d_model if self.out_dim is None else check_positive_int(self.out_dim, "out_dim")
-        for name, value in [("n_kv_heads", n_kv), ("head_dim", head_dim), ("kdim", kdim),
-                            ("vdim", vdim), ("out_dim", out),
-                            ("dropout_p", check_dropout(self.dropout_p))]:
-            object.__setattr__(self, name, value)
+            head_dim = d_model // n_heads
+        return cls(d_model=d_model, n_heads=n_heads,
+                   n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads, head_dim=head_dim,
+                   kdim=d_model if kdim is None else kdim, vdim=d_model if vdim is None else vdim,
+                   out_dim=d_model if out_dim is None else out_dim, bias=bias,
+                   dropout_p=dropout_p, rope=rope)
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "kdim", "vdim", "out_dim"):
+            check_positive_int(getattr(self, name), name)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
+                "each key/value head serves a whole group of query heads"
+            )
+        if self.rope and self.head_dim % 2:
+            raise ValueError(f"rope rotates pairs of features: head_dim must be even, got {self.head_dim}")
+        object.__setattr__(self, "dropout_p", check_dropout(self.dropout_p))
 
     @property
     def group_size(self) -> int:
@@ -103,7 +107,7 @@ class KVCache:
         """Add ``k``, ``v`` of shape ``(B, n_kv_heads, T, head_dim)``; return all keys and values."""
         B, n_kv, T, _ = k.shape
         end = self.length + T
-        if self._k is None:
+        if self._k is None or self._v is None:
             cap = max(self.capacity, end)
             self._k = k.new_empty(B, n_kv, cap, k.shape[-1])  # (B, n_kv, cap, hd)
             self._v = v.new_empty(B, n_kv, cap, v.shape[-1])  # (B, n_kv, cap, hd_v)
@@ -114,20 +118,22 @@ class KVCache:
             )
         elif end > self._k.shape[2]:
             cap = max(2 * self._k.shape[2], end)
-            for name in ("_k", "_v"):
-                old = getattr(self, name)
-                new = old.new_empty(*old.shape[:2], cap, old.shape[3])
-                new[:, :, : self.length] = old[:, :, : self.length]
-                setattr(self, name, new)
+            self._k, self._v = self._grown(self._k, cap), self._grown(self._v, cap)
         self._k[:, :, self.length : end] = k
         self._v[:, :, self.length : end] = v
         self.length = end
         return self._k[:, :, :end], self._v[:, :, :end]  # (B, n_kv, S, hd), views
 
+    def _grown(self, old: Tensor, cap: int) -> Tensor:
+        """A buffer of ``cap`` tokens holding the ``length`` tokens of ``old``."""
+        new = old.new_empty(*old.shape[:2], cap, old.shape[3])  # (B, n_kv, cap, hd)
+        new[:, :, : self.length] = old[:, :, : self.length]
+        return new
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the keys and values stored so far (not counting spare capacity)."""
-        if self._k is None:
+        if self._k is None or self._v is None:
             return 0
         per_token = (self._k[:, :, :1].nelement() + self._v[:, :, :1].nelement())
         return per_token * self.length * self._k.element_size()
@@ -159,9 +165,9 @@ class MultiHeadAttention(nn.Module):
         rope: bool = False,
     ) -> None:
         super().__init__()
-        cfg = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                              head_dim=head_dim, kdim=kdim, vdim=vdim, out_dim=out_dim, bias=bias,
-                              dropout_p=dropout_p, rope=rope)
+        cfg = AttentionConfig.build(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                    head_dim=head_dim, kdim=kdim, vdim=vdim, out_dim=out_dim,
+                                    bias=bias, dropout_p=dropout_p, rope=rope)
         self.config = cfg
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.kdim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
