@@ -77,3 +77,86 @@ def test_grouped_heads_are_paired_by_repeat_interleave_not_repeat():
     k = torch.arange(2.0).view(1, 2, 1, 1)
     assert selfattn.repeat_kv(k, 4).flatten().tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert not torch.equal(selfattn.repeat_kv(k, 4), k.repeat(1, 4, 1, 1))
+
+
+def test_float16_scores_of_large_entries_do_not_overflow():
+    # pitfall 16: in float16, q @ k^T of entries of +-40 over 64 features is 102,400 on the
+    # diagonal, past float16's largest number; scaled afterwards it stays inf and the softmax
+    # gives NaN. The library scales q first and forms the scores in float32.
+    g = torch.Generator().manual_seed(0)
+    q = (40 * torch.randn(2, 2, 5, 64, generator=g).sign()).half()
+    k = (40 * torch.randn(2, 2, 5, 64, generator=g).sign()).half()
+    k[..., :2, :] = q[..., :2, :]  # keys 0 and 1 equal to their queries: q . k = 102,400
+    v = torch.randn(2, 2, 5, 64, generator=g).half()
+    assert (q @ k.transpose(-2, -1)).isinf().any()  # the premise: float16 overflows
+    exact = torch.softmax((q.double() @ k.double().transpose(-2, -1)) / 8, -1) @ v.double()
+    out, w = selfattn.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == torch.float16 and out.isfinite().all() and w.isfinite().all()
+    torch.testing.assert_close(out.double(), exact, atol=2e-3, rtol=2e-3)
+    m = selfattn.MultiHeadAttention(64, 1, bias=False).half()
+    with torch.no_grad():
+        for proj in (m.q_proj, m.k_proj, m.v_proj, m.out_proj):
+            proj.weight.copy_(torch.eye(64))
+    x = (40 * torch.randn(1, 5, 64, generator=g).sign()).half()
+    for need_weights in (True, False):
+        assert m(x, need_weights=need_weights)[0].isfinite().all()
+
+
+def test_no_mask_is_handed_to_sdpa_when_none_is_needed(monkeypatch):
+    # pitfall 17: on CUDA an attn_mask rules out the Flash backend; a causal prompt must reach
+    # SDPA as is_causal=True, and one new token after a cache (it sees every key) with no mask
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal", False)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(16, 4, rope=True).eval()
+    x = torch.randn(2, 6, 16)
+    cache = selfattn.KVCache()
+    with torch.no_grad():
+        m(x, is_causal=True, kv_cache=cache)  # the prompt
+        assert calls and all(mask is None and causal for mask, causal in calls)
+        calls.clear()
+        m(torch.randn(2, 1, 16), is_causal=True, kv_cache=cache)  # one decoding step
+    assert calls and all(mask is None for mask, _ in calls)
+
+
+def test_left_padded_generation_gives_each_sentence_its_own_outputs():
+    # pitfall 18: with left padding, RoPE by column (pads included) is the sentence's own
+    # positions shifted by a constant, in the prompt and after the cache; mixing two rules
+    # (prompt from the first real token, the new token at the cache length) is not
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(16, 4, rope=True).eval()
+    short, long = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    steps = torch.randn(2, 2, 16)  # two new tokens per sentence
+    n_pad = 2
+    batch = torch.cat([torch.cat([torch.zeros(1, n_pad, 16), short], 1), long])  # (2, 5, 16)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[0, :n_pad] = False
+    with torch.no_grad():
+        cache = selfattn.KVCache()
+        out, _ = m(batch, attn_mask=keep[:, None, None, :], is_causal=True, kv_cache=cache)
+        assert not out.isnan().any()
+        alone_cache = selfattn.KVCache()
+        alone, _ = m(short, is_causal=True, kv_cache=alone_cache)
+        torch.testing.assert_close(out[0, n_pad:], alone[0])
+        torch.testing.assert_close(out[1], m(long, is_causal=True)[0][0])
+        for t in range(steps.shape[1]):
+            keep = torch.cat([keep, torch.ones(2, 1, dtype=torch.bool)], 1)
+            step, _ = m(steps[:, t : t + 1], attn_mask=keep[:, None, None, :], kv_cache=cache)
+            alone_step, _ = m(steps[:1, t : t + 1], kv_cache=alone_cache)
+            torch.testing.assert_close(step[0], alone_step[0])
+
+    # the two rules at once, with apply_rope directly: the new token two positions too far
+    from selfattn.positional import apply_rope
+
+    x = torch.randn(4, 8)  # three prompt tokens and the new one
+    def scores(positions):
+        r = apply_rope(x, positions)
+        return r @ r.T
+    torch.testing.assert_close(scores(torch.arange(4)), scores(torch.arange(4) + n_pad))
+    assert not torch.allclose(scores(torch.arange(4)), scores(torch.tensor([0, 1, 2, 3 + n_pad])))
