@@ -183,6 +183,8 @@ def test_enable_gqa_checks_the_heads():
         selfattn.scaled_dot_product_attention(q, k, k, enable_gqa=True)
     with pytest.raises(ValueError, match=r"multiple of those of value"):
         selfattn.scaled_dot_product_attention(q, k[:, :3], k[:, :4], enable_gqa=True)
+    with pytest.raises(ValueError, match=r"key needs at least one head"):
+        selfattn.scaled_dot_product_attention(q, k[:, :0], k[:, :0], enable_gqa=True)
     with pytest.raises(ValueError, match="query must have at least 3 dimensions"):
         selfattn.scaled_dot_product_attention(q[0, 0], k[0, 0], k[0, 0], enable_gqa=True)
     with pytest.raises(TypeError, match=r"key must be a torch\.Tensor"):

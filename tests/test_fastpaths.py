@@ -27,7 +27,8 @@ H, D = 4, 16  # query heads and d_model of every layer here
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 # the call that is compared: L queries after P cached tokens, S keys (cross: keys of their own)
-GEOMETRIES = {"self": (9, 0, 9), "cross": (3, 0, 11), "cache": (1, 8, 9), "chunk": (2, 7, 9)}
+GEOMETRIES = {"self": (9, 0, 9), "cross": (3, 0, 11), "cross_wide": (11, 0, 3), "cache": (1, 8, 9),
+              "chunk": (2, 7, 9)}  # cross_wide: more queries than keys (L > S)
 DIMENSIONS = {
     "n_kv_heads": [4, 2, 1],  # MHA, GQA, MQA
     "geometry": list(GEOMETRIES),
@@ -44,7 +45,9 @@ DIMENSIONS = {
 # and with each argument the condition reads moved away from it alone. The other dimensions take
 # every pair of values across a path's rows.
 DESIGNS = {
-    "grouped_heads": {"crossed": ["n_kv_heads", "mask", "is_causal", "need_weights"]},
+    # is_causal by geometry: without a cache, the stacked groups' own causal branch runs
+    "grouped_heads": {"crossed": ["n_kv_heads", "is_causal", "geometry", "need_weights"],
+                      "around": {"mask": "none"}},
     "inplace_softmax": {"crossed": ["need_weights", "mask", "is_causal", "grad"]},
     "split_kv": {"crossed": ["n_kv_heads", "geometry"],
                  "around": {"need_weights": False, "mask": "none", "is_causal": False,
@@ -133,7 +136,7 @@ def make_case(row):
     L, P, S = GEOMETRIES[row["geometry"]]
     B = row["batch"]
     case = {"layer": layer, "x": torch.randn(B, P + L, D, generator=g, dtype=torch.float64)}
-    if row["geometry"] == "cross":
+    if row["geometry"].startswith("cross"):
         case["key"] = torch.randn(B, S, D, generator=g, dtype=torch.float64)
     if row["mask"] == "bool":
         keep = torch.rand(B, 1, L, S, generator=g) > 0.3
@@ -210,7 +213,9 @@ def expected_runs(row, enabled, device):
         "inplace_softmax": "inplace_softmax" in enabled and row["need_weights"] and cpu,
         "split_kv": ("split_kv" in enabled and not row["need_weights"] and mask == "none"
                      and not causal and row["dropout_p"] == 0.0 and not recorded and cpu
-                     and row["batch"] == 1),
+                     and row["batch"] == 1 and S >= fastpaths.SPLIT_KV_MIN_KEYS
+                     and L * (H // row["n_kv_heads"] if grouped else 1)
+                     <= fastpaths.SPLIT_KV_MAX_QUERIES),
     }
 
 
@@ -241,7 +246,7 @@ def test_each_fast_path_equals_the_readable_computation(path, row, device, force
     assert fastpaths.ENABLED == dict.fromkeys(fastpaths.ENABLED, True)  # all back on
 
 
-def test_the_matrix_reaches_every_path_and_holds_every_pair_of_values():
+def test_the_matrix_reaches_every_path_and_holds_every_pair_of_values(forced):
     for path in fastpaths.ENABLED:
         rows = [r for p, r in MATRIX if p == path]
         ran = [r for r in rows if expected_runs(r, {path}, "cpu")[path]]

@@ -243,3 +243,19 @@ def test_the_config_stores_every_size_resolved():
         selfattn.AttentionConfig(d_model=32, n_heads=4)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         selfattn.AttentionConfig.build(d_model=32, n_heads=4, n_kv_heads=3)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_mask_of_any_rank_means_the_same_on_every_path(n_kv_heads, need_weights):
+    # a (S,) mask passed the checks, then the no-weights path raised IndexError (not MQA's)
+    from selfattn import fastpaths
+
+    layer = selfattn.MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads).eval()
+    x = torch.randn(2, 5, 16)
+    keep = torch.tensor([True, True, True, False, True])
+    full, _ = layer(x, attn_mask=keep[None, None, None], need_weights=True)
+    for switch in (fastpaths.disabled, lambda: fastpaths.disabled("split_kv")):
+        with switch():
+            out, _ = layer(x, attn_mask=keep, need_weights=need_weights)
+        torch.testing.assert_close(out, full)

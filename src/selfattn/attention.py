@@ -186,10 +186,11 @@ def _repeat_for_gqa(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, 
     repeated = []
     for name, x in [("key", key), ("value", value)]:
         H_kv = check_tensor(x, name, min_rank=3).shape[-3]
-        if H % H_kv:
+        if H_kv < 1 or H % H_kv:
             raise ValueError(
-                f"with enable_gqa, the heads of query (dim -3) must be a multiple of those of "
-                f"{name}, got query {tuple(query.shape)} and {name} {tuple(x.shape)}"
+                f"with enable_gqa, {name} needs at least one head and the heads of query (dim -3) "
+                f"must be a multiple of those of {name}, got query {tuple(query.shape)} and "
+                f"{name} {tuple(x.shape)}"
             )
         repeated.append(_repeat_kv(x, H // H_kv))  # (..., H, S, E)
     return repeated[0], repeated[1]

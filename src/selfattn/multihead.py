@@ -215,6 +215,8 @@ class MultiHeadAttention(nn.Module):
         # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1; after P
         # cached tokens the queries sit at P..P+L-1, and the mask must say so
         S = k.shape[2]
+        if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
+            attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
         if is_causal and (P > 0 or attn_mask is not None):
             is_causal = False
             if L > 1 or P < S - 1:  # one new query after the cache sees every key: no mask
