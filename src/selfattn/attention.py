@@ -74,7 +74,8 @@ def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool, *
     if is_causal:
         keep = keep & causal_mask(L, S, device=scores.device)  # (..., L, S)
     dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
-    scores = _fill(_fill(scores, ~keep, float("-inf"), inplace), dead, 0.0, inplace)
+    scores = _fill(scores, ~keep, float("-inf"), inplace)  # blocked keys get no weight
+    scores = _fill(scores, dead, 0.0, inplace)  # a dead row: finite scores, zeroed below
     weights = _softmax(scores, dtype, inplace)  # (..., L, S)
     return _fill(weights, dead, 0.0, inplace and not _recorded(weights))  # zeros, not NaN
 
