@@ -109,6 +109,24 @@ def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tile
     assert [(t.op, t.goal) for t in (memory, time, sdpa)] == [(">=", 8.0), ("<", 1.0), ("<=", 2.5)]
 
 
+def test_a_tiny_training_benchmark_has_every_variant_at_every_length_and_its_targets(tiny):
+    rows = tiny["training"]
+    assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
+        (T, v) for T in (16, 32) for v in bench.TRAINING_VARIANTS)
+    assert all(r["fwd_bwd_ms"] > 0 and r["saved_mb"] > 0 for r in rows)
+    # the fresh process measures only the lengths asked for
+    assert [r["process_peak_mb"] is None for r in rows] == [T == 16 for T in (16,) * 3 + (32,) * 3]
+    at = {r["variant"]: r for r in rows if r["T"] == 32}
+    assert at["tiled (selfattn)"]["saved_mb"] < at["explicit (selfattn)"]["saved_mb"]
+    saved, time = bench.training_targets(rows, saved_at=16)
+    assert [(t.label, t.op, t.goal) for t in (saved, time)] == [
+        ("tiled / explicit bytes saved for backward at T=16", "<=", 1 / 8),
+        ("tiled / explicit forward+backward time at T=32", "<", 1.0)]
+    at16 = {r["variant"]: r for r in rows if r["T"] == 16}
+    assert saved.ratio == at16["tiled (selfattn)"]["saved_mb"] / at16["explicit (selfattn)"]["saved_mb"]
+    assert time.ratio == at["tiled (selfattn)"]["fwd_bwd_ms"] / at["explicit (selfattn)"]["fwd_bwd_ms"]
+
+
 def test_the_printer_says_met_or_missed_with_three_decimals(capsys):
     met = bench.Target("a ratio under its goal", 0.99949, "<=", 1.0)
     missed = bench.Target("a speed-up just short of its goal", 3.4994, ">=", 3.5,
@@ -138,18 +156,20 @@ def tiny() -> dict[str, list[dict]]:
                                            repeats=2, min_sample_s=0.001),
         "decode": bench.decode_benchmark([8, 16], d_model=64, n_heads=16, kv_heads=(16, 4, 1),
                                          bare=True, repeats=2, warmup=1),
+        "training": bench.training_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, repeats=2,
+                                             min_sample_s=0.001, process_lengths=(32,)),
     }
 
 
 def _all_targets(tiny: dict[str, list[dict]]) -> list[bench.Target]:
     return [*bench.attention_targets(tiny["attention"]), *bench.fastpath_targets(tiny["fastpaths"]),
-            *bench.tiled_targets(tiny["scaling"]),
+            *bench.tiled_targets(tiny["scaling"]), *bench.training_targets(tiny["training"], 32),
             *bench.decode_targets(tiny["decode"], d_model=64, n_heads=16)]
 
 
 def test_every_target_has_a_goal(tiny):
     targets = _all_targets(tiny)
-    assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 4
+    assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 2 + 4
     assert len({t.label for t in targets}) == len(targets)
     for t in targets:
         assert t.op in ("<=", ">=", "<") and isinstance(t.goal, float) and t.goal > 0, t
@@ -198,15 +218,18 @@ def test_the_decode_targets_judge_the_longest_context_against_the_bytes_bound(ti
 def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, monkeypatch, tmp_path,
                                                                        capsys):
     for name, key in [("attention_benchmark", "attention"), ("fastpath_benchmark", "fastpaths"),
-                      ("scaling_benchmark", "scaling"), ("decode_benchmark", "decode")]:
+                      ("scaling_benchmark", "scaling"), ("decode_benchmark", "decode"),
+                      ("training_benchmark", "training")]:
         monkeypatch.setattr(bench, name, lambda *a, rows=tiny[key], **k: copy.deepcopy(rows))
     monkeypatch.setattr(bench, "matmul_gflops", lambda: 1.0)
     monkeypatch.setattr(bench, "decode_targets",  # the tiny decode layer's sizes, for the bound
                         lambda rows, d_model, n_heads, f=bench.decode_targets: f(rows, 64, 16))
+    monkeypatch.setattr(bench, "training_targets",  # the bytes saved at the tiny lengths
+                        lambda rows, saved_at=32, f=bench.training_targets: f(rows, saved_at))
     bench.main(str(tmp_path))
     out = capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "attention.csv", "bench.png", "decode.csv", "fastpaths.csv", "scaling.csv"]
+        "attention.csv", "bench.png", "decode.csv", "fastpaths.csv", "scaling.csv", "training.csv"]
     assert bench.cpu_model() in out[0] and f"{torch.get_num_threads()} threads" in out[0]
     expected = [bench.format_target(t) for t in _all_targets(tiny)]
     assert [line for line in out if "  target " in line] == expected

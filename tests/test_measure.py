@@ -149,6 +149,18 @@ def test_process_peak_memory_sees_what_the_process_holds():
     assert 60 * 2**20 < held < 200 * 2**20
 
 
+def test_saved_tensor_bytes_counts_each_storage_autograd_keeps_once():
+    x = torch.randn(1000, requires_grad=True)
+    y = torch.randn(1000, requires_grad=True)
+    assert measure.saved_tensor_bytes(lambda: x * y) == 2 * 4000  # mul keeps both factors
+    assert measure.saved_tensor_bytes(lambda: x * x) == 4000  # one storage, saved twice
+    assert measure.saved_tensor_bytes(lambda: x[:10] * y[:10]) == 2 * 4000  # views keep it all
+    assert measure.saved_tensor_bytes(lambda: torch.exp(x).exp()) == 2 * 4000  # two outputs
+    assert measure.saved_tensor_bytes(lambda: x + y) == 0  # addition's backward needs nothing
+    with torch.no_grad():
+        assert measure.saved_tensor_bytes(lambda: x * y) == 0
+
+
 def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
     from selfattn.book.baselines import einsum_attention, matmul_attention
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from reference import counted_flops, pytorch_reference
 
 import selfattn
-from selfattn.book.measure import peak_memory
+from selfattn import tiled
+from selfattn.book.measure import peak_memory, saved_tensor_bytes
 from selfattn.tiled import online_softmax, running_max_and_sum, tiled_attention
 
 F64 = torch.float64
@@ -93,8 +94,9 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients(kind, block_size, devic
     assert (q.grad[:, dead] == 0).all()
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3}, "bool", "float"],
-                         ids=["plain", "causal", "scale", "bool mask", "float mask"])
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3}, "bool", "float",
+                                    "masked rows"],
+                         ids=["plain", "causal", "scale", "bool mask", "float mask", "masked rows"])
 def test_gradients_match_finite_differences(kwargs):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 1, 7, 3, generator=g, dtype=F64, requires_grad=True)  # heads broadcast
@@ -106,11 +108,123 @@ def test_gradients_match_finite_differences(kwargs):
     elif kwargs == "float":  # the bias gets a gradient too
         inputs = (q, k, v, torch.randn(1, 7, 5, generator=g, dtype=F64, requires_grad=True))
         kwargs = {}
+    elif kwargs == "masked rows":  # queries 2 and 5 see no key; the rest, causal
+        keep = torch.ones(7, 5, dtype=torch.bool)
+        keep[[2, 5]] = False
+        kwargs = {"attn_mask": keep, "is_causal": True}
 
     def f(*inputs):
         return tiled_attention(*inputs, block_size=2, **kwargs)
 
     assert torch.autograd.gradcheck(f, inputs)
+
+
+# name: (L, S, block_size, mask): block sizes that do not divide L or S, L != S both ways
+GRADIENT_CASES = {
+    "plain": (9, 9, 4, None),
+    "causal": (10, 10, 3, "causal"),
+    "causal, L < S": (6, 11, 4, "causal"),
+    "causal, L > S": (11, 6, 4, "causal"),
+    "bool mask, L > S": (11, 7, 3, "bool"),
+    "causal and bool": (10, 10, 4, "causal and bool"),
+    "float mask with a gradient, broadcast over the batch": (7, 12, 5, "float"),
+    "fully masked rows": (9, 7, 4, "masked rows"),
+}
+
+
+def gradient_case(name, dtype, device):
+    """q (2, 3, L, E) against k, v broadcast over the heads (2, 1, S, .), a mask, and the
+    gradient of the output to push back: the inputs (all requiring grad) and the keywords."""
+    L, S, block_size, mask = GRADIENT_CASES[name]
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, L, 5, generator=g, dtype=dtype)
+    k = torch.randn(2, 1, S, 5, generator=g, dtype=dtype)
+    v = torch.randn(2, 1, S, 4, generator=g, dtype=dtype)
+    grad_out = torch.randn(2, 3, L, 4, generator=g, dtype=dtype).to(device)
+    inputs, kwargs = [q, k, v], {"is_causal": mask is not None and mask.startswith("causal")}
+    if mask in ("bool", "causal and bool"):
+        kwargs["attn_mask"] = (torch.rand(L, S, generator=g) > 0.4).to(device)
+    elif mask == "masked rows":  # queries 1 and 6 see no key
+        keep = torch.rand(3, L, S, generator=g) > 0.3
+        keep[:, [1, 6]] = False
+        kwargs["attn_mask"] = keep.to(device)
+    elif mask == "float":  # (3, L, S): summed over the batch; -inf at some keys
+        bias = torch.randn(3, L, S, generator=g, dtype=dtype)
+        inputs.append(bias.masked_fill(torch.rand(3, L, S, generator=g) < 0.3, -math.inf))
+    inputs = [t.to(device).requires_grad_() for t in inputs]
+    return inputs, kwargs, grad_out, block_size
+
+
+def gradients(attention, inputs, kwargs, grad_out):
+    """d(out · grad_out) with respect to every input."""
+    return torch.autograd.grad(attention(*inputs, **kwargs), inputs, grad_out)
+
+
+def assert_gradients_match(name, dtype, device, against="explicit"):
+    """The tiled path's gradients against the explicit path's, or SDPA's; float64 to 1e-10,
+    float32 to 1e-5."""
+    inputs, kwargs, grad_out, block_size = gradient_case(name, dtype, device)
+    got = gradients(lambda *a, **kw: tiled_attention(*a, block_size=block_size, **kw),
+                    inputs, kwargs, grad_out)
+    reference = (pytorch_reference if against == "sdpa"
+                 else lambda *a, **kw: selfattn.scaled_dot_product_attention(*a, **kw)[0])
+    want = gradients(reference, inputs, kwargs, grad_out)
+    tolerance = 1e-10 if dtype == F64 else 1e-5
+    for what, a, b in zip("qkvm"[: len(inputs)], got, want, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=tolerance, rtol=tolerance, msg=lambda m, w=what:
+                                   f"d{w} of {name!r}: {m}")
+
+
+@pytest.mark.parametrize("name", GRADIENT_CASES)
+def test_gradients_match_the_explicit_path_in_float64(name, device):
+    assert_gradients_match(name, F64, device)
+
+
+@pytest.mark.parametrize("name", [n for n in GRADIENT_CASES if n != "fully masked rows"])
+def test_gradients_match_pytorch_sdpa_in_float32(name, device):
+    # SDPA gives NaN for a fully masked row; the explicit path gives zeros, like ours
+    assert_gradients_match(name, torch.float32, device, against="sdpa")
+
+
+def test_gradients_of_fully_masked_rows_match_the_explicit_path_in_float32(device):
+    assert_gradients_match("fully masked rows", torch.float32, device)
+
+
+def plant(monkeypatch, bug):
+    """Make the backward pass wrong in one way, as a mistake would, leaving the forward right."""
+    backward, key_blocks = tiled.tiled_backward, tiled._key_blocks
+
+    def wrong_backward(grad_out, q, k, v, attn_mask, out, lse, *options, **kwargs):
+        if bug == "forgets D":  # D = rowsum(dO * O) is then 0: dS = P * dP
+            out = torch.zeros_like(out)
+        elif bug == "forgets the causal skip":  # reads the key blocks past the diagonal too
+            monkeypatch.setattr(tiled, "_key_blocks", lambda i, b, S, is_causal: key_blocks(i, b, S, False))
+        elif bug == "forgets the mask":  # recomputes the weights of masked keys
+            attn_mask = None
+        return backward(grad_out, q, k, v, attn_mask, out, lse, *options, **kwargs)
+
+    monkeypatch.setattr(tiled, "tiled_backward", wrong_backward)
+
+
+@pytest.mark.parametrize(("bug", "case"), [("forgets D", "plain"),
+                                           ("forgets the causal skip", "causal, L > S"),
+                                           ("forgets the causal skip", "causal, L < S"),
+                                           ("forgets the mask", "bool mask, L > S")])
+def test_the_gradient_checks_catch_a_wrong_backward(monkeypatch, bug, case):
+    assert_gradients_match(case, F64, "cpu")  # right, then with the bug planted: caught
+    plant(monkeypatch, bug)
+    with pytest.raises(AssertionError, match=f"of {case!r}"):
+        assert_gradients_match(case, F64, "cpu")
+
+
+def test_autograd_keeps_only_the_inputs_the_output_and_the_log_sum_exp():
+    T = 256
+    x = torch.randn(1, 8, T, 64, requires_grad=True)  # query, key and value: one storage
+    kept = saved_tensor_bytes(lambda: tiled_attention(x, x, x, block_size=64))
+    assert kept == 4 * (x.numel() + x.numel() + 8 * T)  # x, the output (same shape), lse (8, T)
+    explicit = saved_tensor_bytes(lambda: selfattn.scaled_dot_product_attention(x, x, x)[0])
+    assert explicit > 8 * T * T * 4  # it keeps (8, T, T) weights at least
 
 
 def test_gradients_match_the_explicit_path_with_minus_infinity_in_a_float_mask(device):

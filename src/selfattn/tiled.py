@@ -19,6 +19,19 @@ FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exac
 IO-Awareness", §3.1, Algorithm 1) runs this over blocks of queries and, inside, blocks of keys:
 one tile of scores exists at a time, so memory grows as $L + S$ instead of $L \cdot S$, and
 tiles that a mask hides entirely are never computed.
+
+The backward pass needs the weights $P$ again, and storing them would bring the $L \cdot S$ back.
+FlashAttention recomputes them instead (Dao et al. 2022, §3.1, "Recomputation"): the forward
+keeps only each row's log-sum-exp $\mathrm{lse} = m + \log \ell$, and the backward recomputes a
+tile's weights from $Q$ and $K$ as $P = e^{S - \mathrm{lse}}$, already normalised. With
+$D = \operatorname{rowsum}(dO \circ O)$, each tile then adds its share of every gradient
+(FlashAttention-2, Dao 2023, Algorithm 2):
+
+$$dV \mathrel{+}= P^\top dO, \qquad dP = dO\, V^\top, \qquad dS = P \circ (dP - D), \qquad
+dQ \mathrel{+}= dS\, K \cdot \text{scale}, \qquad dK \mathrel{+}= dS^\top Q \cdot \text{scale}.$$
+
+$D$ is the softmax's backward in one number per row: $\sum_k P_k\, dP_k = dO \cdot O$. Autograd
+keeps the inputs, the output and the log-sum-exp, $O(L + S)$, instead of every tile.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .checks import check_attention_inputs, check_positive_int, check_tensor
 from .masks import causal_mask
@@ -76,7 +90,9 @@ def tiled_attention(
     ``dropout_p``, which this function does not take, so ``tiled_attention(q, k, v, None, 0.1)``
     is an error, not a causal call. A tile is ``block_size`` queries by ``block_size`` keys.
     Returns the output ``(..., L, Ev)`` in the inputs' dtype (accumulated in float32 for half
-    precision), zero where every key is masked. The weights are never formed.
+    precision), zero where every key is masked. The weights are never formed, in the forward
+    (:func:`tiled_forward`) or in the backward, which recomputes them tile by tile
+    (:func:`tiled_backward`); a fully masked row gets zero gradients.
     """
     check_attention_inputs(query, key, value, attn_mask, 0.0)
     b = check_positive_int(block_size, "block_size")
@@ -84,38 +100,128 @@ def tiled_attention(
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     dtype = torch.promote_types(query.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
     scale = 1.0 / math.sqrt(E) if scale is None else scale
-    q = (query.to(dtype) * scale).expand(*batch, L, E)  # (..., L, E): tiles get the whole batch
-    k, v = key.to(dtype), value.to(dtype)  # (..., S, E), (..., S, Ev)
+    # views with the whole batch (autograd sums their gradients back to the inputs' shapes)
+    q = query.to(dtype).expand(*batch, L, E)  # (..., L, E)
+    k = key.to(dtype).expand(*batch, S, E)  # (..., S, E)
+    v = value.to(dtype).expand(*batch, S, Ev)  # (..., S, Ev)
     if attn_mask is not None:
         attn_mask = attn_mask.broadcast_to(*attn_mask.shape[:-2], L, S)  # (..., L, S), a view
         attn_mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
-    outputs = []
+    out: Tensor = _TiledAttention.apply(q, k, v, attn_mask, is_causal, scale, b)  # (..., L, Ev)
+    return out.to(query.dtype)
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Autograd for :func:`tiled_attention`: saves the inputs, the output and the log-sum-exp,
+    and recomputes the tiles in backward."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+                is_causal: bool, scale: float, block_size: int) -> Tensor:
+        out, lse = tiled_forward(q, k, v, attn_mask, is_causal, scale, block_size)
+        ctx.save_for_backward(q, k, v, attn_mask, out, lse)
+        ctx.options = is_causal, scale, block_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, attn_mask, out, lse = ctx.saved_tensors
+        mask_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, dmask = tiled_backward(grad_out, q, k, v, attn_mask, out, lse, *ctx.options,
+                                           mask_grad=mask_grad)
+        return dq, dk, dv, dmask, None, None, None
+
+
+def _key_blocks(i: int, b: int, S: int, is_causal: bool) -> range:
+    """The first key of every block that the query block starting at ``i`` reads. Causal: the
+    key blocks right of the diagonal are masked for every query of the block, so they stop at
+    the diagonal and are never computed."""
+    return range(0, min(S, i + b) if is_causal else S, b)
+
+
+def _tile_scores(q_i: Tensor, k_j: Tensor, mask: Tensor | None, diagonal: bool) -> Tensor:
+    """One tile's masked scores ``q_i @ k_jᵀ + M`` (``q_i`` already scaled), ``-inf`` where
+    masked; ``diagonal``: the causal tile on the diagonal, whose keys after each query are
+    masked too."""
+    s = q_i @ k_j.transpose(-2, -1)  # (..., Lb, Sb): this tile's buffer
+    if mask is not None and mask.dtype == torch.bool:
+        s.masked_fill_(~mask, -math.inf)
+    elif mask is not None:
+        s.add_(mask)
+    if diagonal:
+        s.masked_fill_(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), -math.inf)
+    return s
+
+
+def _hidden(mask: Tensor | None) -> bool:
+    """Whether a bool mask tile hides every key from every query: such a tile adds nothing."""
+    return mask is not None and mask.dtype == torch.bool and not mask.any()
+
+
+def tiled_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                  scale: float, block_size: int) -> tuple[Tensor, Tensor]:
+    r"""The online softmax over tiles (FlashAttention, Algorithm 1): the output ``(..., L, Ev)``
+    and each row's log-sum-exp $m + \log \ell$, ``(..., L, 1)``, ``+inf`` for a row with every key
+    masked (its output is 0, and $e^{s - \mathrm{lse}} = 0$ then gives it zero weights in
+    backward). The unchecked core of :func:`tiled_attention`, in one dtype: ``q`` (..., L, E)
+    with the whole batch, ``k`` (..., S, E), ``v`` (..., S, Ev), a mask (..., L, S) or None."""
+    b, L, S, Ev = block_size, q.shape[-2], k.shape[-2], v.shape[-1]
+    outputs, lses = [], []
     for i in range(0, L, b):  # a block of queries ...
-        q_i = q[..., i : i + b, :]  # (..., Lb, E)
+        q_i = q[..., i : i + b, :] * scale  # (..., Lb, E)
         # m starts at the lowest finite number, not -inf: exp(m - m_new) is then never NaN
-        m = q_i.new_full((*q_i.shape[:-1], 1), torch.finfo(dtype).min)  # (..., Lb, 1)
+        m = q_i.new_full((*q_i.shape[:-1], 1), torch.finfo(q.dtype).min)  # (..., Lb, 1)
         l = torch.zeros_like(m)  # (..., Lb, 1)
         acc = q_i.new_zeros(*q_i.shape[:-1], Ev)  # (..., Lb, Ev): O, not yet divided by l
-        # causal: the key blocks right of the diagonal are masked for every query here, so the
-        # loop stops at the diagonal and never computes them
-        for j in range(0, min(S, i + b) if is_causal else S, b):  # ... against a block of keys
+        for j in _key_blocks(i, b, S, is_causal):  # ... against a block of keys
             mask = None if attn_mask is None else attn_mask[..., i : i + b, j : j + b]  # (..., Lb, Sb)
-            if mask is not None and mask.dtype == torch.bool and not mask.any():
-                continue  # a tile masked for every query of the block adds nothing: skip it
-            s = q_i @ k[..., j : j + b, :].transpose(-2, -1)  # (..., Lb, Sb): this tile's buffer
-            if mask is not None and mask.dtype == torch.bool:
-                s.masked_fill_(~mask, -math.inf)
-            elif mask is not None:
-                s.add_(mask)
-            if is_causal and j == i:  # the tile on the diagonal: mask the keys after each query
-                s.masked_fill_(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), -math.inf)
-            # m is only a shift that cancels in acc / l: detached, autograd neither follows it nor
-            # keeps s for it (s is overwritten two lines below)
-            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., Lb, 1)
+            if _hidden(mask):
+                continue
+            s = _tile_scores(q_i, k[..., j : j + b, :], mask, is_causal and j == i)  # (..., Lb, Sb)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., Lb, 1)
             alpha = torch.exp(m - m_new)  # (..., Lb, 1): rescales what came before
             p = s.sub_(m_new).exp_()  # (..., Lb, Sb): exp(s - m_new), in s's buffer
             l = alpha * l + p.sum(dim=-1, keepdim=True)  # (..., Lb, 1)
             acc = alpha * acc + p @ v[..., j : j + b, :]  # (..., Lb, Ev)
             m = m_new
-        outputs.append(acc / l.masked_fill(l == 0, 1.0))  # (..., Lb, Ev); masked rows stay 0
-    return torch.cat(outputs, dim=-2).to(query.dtype)  # (..., L, Ev)
+        dead = l == 0  # (..., Lb, 1): rows with every key masked
+        outputs.append(acc / l.masked_fill(dead, 1.0))  # (..., Lb, Ev); masked rows stay 0
+        lses.append((m + torch.log(l)).masked_fill(dead, math.inf))  # (..., Lb, 1)
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2)  # (..., L, Ev), (..., L, 1)
+
+
+def tiled_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+                   out: Tensor, lse: Tensor, is_causal: bool, scale: float, block_size: int, *,
+                   mask_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""The gradients of :func:`tiled_forward` with respect to ``q``, ``k``, ``v`` and a float
+    mask (None unless ``mask_grad``), recomputing each tile's weights $P = e^{S - \mathrm{lse}}$
+    (FlashAttention-2, Dao 2023, Algorithm 2): with $D = \operatorname{rowsum}(dO \circ O)$,
+    $dV \mathrel{+}= P^\top dO$, $dS = P \circ (dO\,V^\top - D)$,
+    $dQ \mathrel{+}= dS\,K \cdot \text{scale}$, $dK \mathrel{+}= dS^\top Q \cdot \text{scale}$,
+    and the mask's gradient is $dS$ (summed over the batch dims it broadcasts over). The same
+    tiles as the forward: those a bool mask hides, and causal ones past the diagonal, are skipped.
+    """
+    b, L, S = block_size, q.shape[-2], k.shape[-2]
+    D = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., L, 1)
+    dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    dmask = None if not mask_grad or attn_mask is None else attn_mask.new_zeros(attn_mask.shape)
+    for i in range(0, L, b):  # a block of queries ...
+        rows = slice(i, i + b)
+        q_i = q[..., rows, :] * scale  # (..., Lb, E)
+        do_i = grad_out[..., rows, :]  # (..., Lb, Ev)
+        for j in _key_blocks(i, b, S, is_causal):  # ... against a block of keys
+            cols = slice(j, j + b)
+            mask = None if attn_mask is None else attn_mask[..., rows, cols]  # (..., Lb, Sb)
+            if _hidden(mask):
+                continue
+            s = _tile_scores(q_i, k[..., cols, :], mask, is_causal and j == i)  # (..., Lb, Sb)
+            p = s.sub_(lse[..., rows, :]).exp_()  # (..., Lb, Sb): the weights, recomputed
+            dv[..., cols, :] += p.transpose(-2, -1) @ do_i  # (..., Sb, Ev)
+            dp = do_i @ v[..., cols, :].transpose(-2, -1)  # (..., Lb, Sb)
+            ds = p.mul_(dp.sub_(D[..., rows, :]))  # (..., Lb, Sb): in p's buffer
+            dq[..., rows, :] += (ds @ k[..., cols, :]) * scale  # (..., Lb, E)
+            dk[..., cols, :] += ds.transpose(-2, -1) @ q_i  # (..., Sb, E): q_i holds the scale
+            if dmask is not None and mask is not None:
+                dmask[..., rows, cols] += ds.sum_to_size(mask.shape)  # (..., Lb, Sb)
+    return dq, dk, dv, dmask

@@ -26,7 +26,17 @@ from ..attention import scaled_dot_product_attention
 from ..multihead import KVCache, MultiHeadAttention
 from ..tiled import tiled_attention
 from .baselines import EinopsSelfAttention, bare_decode_step, einsum_attention, matmul_attention
-from .measure import attention_flops, compare, decode_bytes, fit_exponent, mha_flops, peak_memory, synchronize
+from .measure import (
+    attention_flops,
+    compare,
+    decode_bytes,
+    fit_exponent,
+    fresh_process_peak_memory,
+    mha_flops,
+    peak_memory,
+    saved_tensor_bytes,
+    synchronize,
+)
 
 _COMPARISONS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
 
@@ -354,6 +364,81 @@ def tiled_targets(rows: list[dict]) -> list[Target]:
             Target(f"tiled / F.sdpa time at T={T}", tiled["ms"] / sdpa["ms"], "<=", 2.5)]
 
 
+# the variants of training_benchmark: each a function of x, and the same call as a statement on
+# x, for the fresh process that measures its peak memory
+TRAINING_VARIANTS = {
+    "explicit (selfattn)": (lambda x: scaled_dot_product_attention(x, x, x)[0],
+                            "scaled_dot_product_attention(x, x, x)[0]"),
+    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "tiled_attention(x, x, x)"),
+    "F.scaled_dot_product_attention": (lambda x: F.scaled_dot_product_attention(x, x, x),
+                                       "F.scaled_dot_product_attention(x, x, x)"),
+}
+
+
+def training_benchmark(lengths: tuple[int, ...] = (1024, 2048, 4096), n_heads: int = 8,
+                       head_dim: int = 64, repeats: int = 3, min_sample_s: float = 0.1,
+                       process_lengths: tuple[int, ...] | None = None) -> list[dict]:
+    """Forward and backward against sequence length, batch 1: for the explicit path, tiled
+    attention and PyTorch's SDPA (:data:`TRAINING_VARIANTS`), the bytes autograd saves for
+    backward (:func:`~selfattn.book.measure.saved_tensor_bytes`, each storage once), the peak
+    memory of one forward+backward in a fresh process (at ``process_lengths``, every length by
+    default; None elsewhere), and its time, the three timed side by side at each length."""
+    fresh = lengths if process_lengths is None else process_lengths
+    rows = []
+    for T in lengths:
+        x = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T),
+                        requires_grad=True)
+
+        def step(f, x=x):
+            f(x).sum().backward()
+            x.grad = None
+
+        times = compare({name: (lambda f=f: step(f)) for name, (f, _) in TRAINING_VARIANTS.items()},
+                        repeats, warmup=1, min_sample_s=min_sample_s)
+        for name, (f, call) in TRAINING_VARIANTS.items():
+            peak = _fresh_training_peak(call, T, n_heads, head_dim) if T in fresh else None
+            rows.append({"T": T, "variant": name,
+                         "saved_mb": saved_tensor_bytes(lambda f=f, x=x: f(x)) / 2**20,
+                         "process_peak_mb": None if peak is None else peak / 2**20,
+                         "fwd_bwd_ms": 1e3 * times[name].median,
+                         "discarded": times[name].discarded})
+    return rows
+
+
+def _fresh_training_peak(call: str, T: int, n_heads: int, head_dim: int) -> int | None:
+    """Peak bytes of one forward+backward of ``call`` (on ``x``, ``(1, n_heads, T, head_dim)``) in
+    a fresh process, after one call on a short input (what a process allocates once is not
+    counted); the input itself is not counted, its gradient is."""
+    setup = f"""
+import torch
+import torch.nn.functional as F
+from selfattn import scaled_dot_product_attention, tiled_attention
+torch.set_num_threads({torch.get_num_threads()})
+
+def step():
+    with torch.enable_grad():
+        ({call}).sum().backward()
+
+x = torch.randn(1, {n_heads}, 16, {head_dim}, requires_grad=True)
+step()
+x = torch.randn(1, {n_heads}, {T}, {head_dim}, requires_grad=True)
+"""
+    return fresh_process_peak_memory("step()", setup)
+
+
+def training_targets(rows: list[dict], saved_at: int = 2048) -> list[Target]:
+    """``make bench``'s targets for training through tiled attention, from
+    :func:`training_benchmark`'s rows: the bytes saved for backward at ``saved_at`` against the
+    explicit path's, and the forward+backward time at the longest length."""
+    T = max(r["T"] for r in rows)
+    saved = {r["variant"]: r["saved_mb"] for r in rows if r["T"] == saved_at}
+    ms = {r["variant"]: r["fwd_bwd_ms"] for r in rows if r["T"] == T}
+    return [Target(f"tiled / explicit bytes saved for backward at T={saved_at}",
+                   saved["tiled (selfattn)"] / saved["explicit (selfattn)"], "<=", 1 / 8),
+            Target(f"tiled / explicit forward+backward time at T={T}",
+                   ms["tiled (selfattn)"] / ms["explicit (selfattn)"], "<", 1.0)]
+
+
 def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,
                        batch: int = 8, T: int = 512, d_model: int = 512,
                        contexts: tuple[int, int] = (8192, 16384)) -> list[dict]:
@@ -406,8 +491,12 @@ def _print_table(rows: list[dict], columns: list[str], formats: dict[str, str]) 
         for c in columns:
             value = r[c]
             width = max(len(c), 10)
-            cells.append(f"{value:48s}" if c == "variant"
-                         else f"{value:>{width}{formats.get(c, '')}}")
+            if c == "variant":
+                cells.append(f"{value:48s}")
+            elif value is None:  # not measured
+                cells.append(f"{'-':>{width}}")
+            else:
+                cells.append(f"{value:>{width}{formats.get(c, '')}}")
         print("  ".join(cells))
 
 
@@ -474,6 +563,22 @@ def _report_scaling() -> tuple[list[dict], list[Target]]:
     return rows, targets
 
 
+def _report_training() -> tuple[list[dict], list[Target]]:
+    rows = training_benchmark()
+    print("training against sequence length: the explicit path, tiled attention and SDPA, "
+          "forward+backward\n(batch 1, 8 heads of 64; saved_mb: what autograd keeps for "
+          "backward, each storage once; process_peak_mb: one step in a fresh process)")
+    _print_table(rows, ["variant", "T", "saved_mb", "process_peak_mb", "fwd_bwd_ms", "discarded"],
+                 {"saved_mb": ".1f", "process_peak_mb": ".1f", "fwd_bwd_ms": ".1f"})
+    targets = training_targets(rows)
+    _print_targets("tiled attention training targets, chapter 9", targets)
+    T = max(r["T"] for r in rows)
+    ms = {r["variant"]: r["fwd_bwd_ms"] for r in rows if r["T"] == T}
+    print(f"  (for information, not a target: tiled / F.sdpa forward+backward time at T={T} is "
+          f"{ms['tiled (selfattn)'] / ms['F.scaled_dot_product_attention']:.2f})\n")
+    return rows, targets
+
+
 def _report_decode() -> tuple[list[dict], list[Target]]:
     d_model, n_heads = 1024, 16
     print(f"decode: one new token, batch 1, d_model={d_model}, {n_heads} query heads of "
@@ -519,7 +624,7 @@ def main(out_dir: str = "_build/bench") -> None:
     tables, targets = {}, []
     for name, report in [("attention", lambda: _report_attention(ceiling)),
                          ("fastpaths", _report_fastpaths), ("scaling", _report_scaling),
-                         ("decode", _report_decode)]:
+                         ("training", _report_training), ("decode", _report_decode)]:
         tables[name], found = report()
         targets += found
         with open(out / f"{name}.csv", "w", newline="") as f:
@@ -527,7 +632,8 @@ def main(out_dir: str = "_build/bench") -> None:
             writer.writeheader()
             writer.writerows(tables[name])
     _plot(tables["attention"], tables["scaling"], ceiling, out / "bench.png")
-    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, decode.csv and bench.png")
+    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, training.csv, decode.csv and "
+          "bench.png")
     missed = [t.label for t in targets if not t.met]
     print(f"{len(targets) - len(missed)} of {len(targets)} targets met"
           + (f"; MISSED: {'; '.join(missed)}" if missed else ""))

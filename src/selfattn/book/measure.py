@@ -223,6 +223,29 @@ def peak_memory(fn: Callable[[], object]) -> int:
     return mode.peak
 
 
+def saved_tensor_bytes(fn: Callable[[], object]) -> int:
+    """Bytes that autograd keeps for the backward pass of ``fn()``: the storages of every tensor
+    a node of the graph saves (``torch.autograd.graph.saved_tensors_hooks``), each distinct
+    storage counted once and whole, so a view of an input, or the input saved by several nodes,
+    adds nothing after the first. Run it with grad enabled on inputs that require grad.
+
+    This is what training pays per layer between forward and backward, beyond the inputs'
+    and output's own tensors, which it counts too when the graph saves them.
+    """
+    saved: dict[tuple[torch.device, int], tuple[Tensor, int]] = {}  # storage -> (a user, bytes)
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        # the tensor is held until the end, so no other storage can take its address meanwhile
+        saved.setdefault((t.device, storage.data_ptr()), (t, storage.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    del result
+    return sum(nbytes for _, nbytes in saved.values())
+
+
 def op_counts(fn: Callable[[], object]) -> Counter[str]:
     """How many times ``fn()`` calls each of PyTorch's basic operations (``aten`` operators, the
     level where ``einsum``, ``@`` and ``F.scaled_dot_product_attention`` end up), by name: what a
