@@ -129,10 +129,11 @@ def attend(
     is_causal: bool = False,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The computation of :func:`scaled_dot_product_attention`, without checking its inputs."""
+    """:func:`scaled_dot_product_attention` without checking its inputs."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    # The scale goes on q (L x E numbers, fewer than the L x S scores), and half-precision
-    # inputs are multiplied in float32: a float16 product of large entries can overflow.
+    # The scale goes on q (L x E numbers, fewer than the L x S scores), and
+    # half-precision inputs are multiplied in float32: a float16 product of large
+    # entries can overflow.
     dtype = torch.promote_types(query.dtype, torch.float32)
     scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
     return _weights_and_output(scores, value, attn_mask=attn_mask, is_causal=is_causal,
