@@ -2,13 +2,20 @@
 
 :func:`train` trains one model; :func:`train_seeds` trains one model per seed side by side, in one
 batched run (``torch.func.vmap`` over the stacked weights), and gives the same models as calling
-:func:`train` once per seed. A conclusion drawn from training should hold for several seeds.
+:func:`train` once per seed.
+
+The seed rule: a conclusion drawn from training rests on at least :data:`MIN_SEEDS` seeds, and
+the seeds come from one place, :func:`seed_range` (initial weights and batches) and
+:func:`data_seed` (a task's data). Setting the environment variable ``SELFATTN_SEEDS_FROM=N``
+shifts every seed both give by ``N``, so ``make robust`` re-runs every chapter that trains on a
+range nobody chose; every assert must hold there too. :func:`k_of_n` prints a count over seeds.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +26,59 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .data import Sequences, TaggingData
+
+MIN_SEEDS = 10
+"""The fewest seeds a conclusion from training may rest on."""
+
+SEEDS_FROM = "SELFATTN_SEEDS_FROM"
+"""The environment variable that shifts every seed :func:`seed_range` and :func:`data_seed` give."""
+
+
+def seeds_from() -> int:
+    """The shift ``SELFATTN_SEEDS_FROM`` asks for: 0 when it is unset."""
+    value = os.environ.get(SEEDS_FROM, "").strip() or "0"
+    try:
+        shift = int(value)
+    except ValueError:
+        raise ValueError(f"{SEEDS_FROM} must be a whole number >= 0, got {value!r}") from None
+    if shift < 0:
+        raise ValueError(f"{SEEDS_FROM} must be a whole number >= 0, got {shift}")
+    return shift
+
+
+def seed_range(n: int = MIN_SEEDS) -> range:
+    """The ``n`` seeds a chapter trains its models on (initial weights and batches):
+    ``range(N, N + n)`` with ``N`` from ``SELFATTN_SEEDS_FROM`` (0 unless set).
+
+    ``n`` below :data:`MIN_SEEDS` is refused: a conclusion from training rests on at least that
+    many seeds.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < MIN_SEEDS:
+        raise ValueError(f"a conclusion from training rests on at least {MIN_SEEDS} seeds, "
+                         f"got n={n}")
+    start = seeds_from()
+    return range(start, start + n)
+
+
+def data_seed(k: int = 0) -> int:
+    """The seed of a task's ``k``-th draw of data (0 the training set, 1 the test set, ...),
+    shifted like :func:`seed_range`, so a conclusion does not rest on one draw of the data."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a whole number >= 0, got {k!r}")
+    return seeds_from() + k
+
+
+def k_of_n(passed: Sequence[bool], seeds: Sequence[int]) -> str:
+    """A count over seeds, with the range and the seeds that did not pass, named so a reader can
+    look at them: ``"8 of 10 seeds (0-9); not seeds 3, 7"``."""
+    passed, seeds = [bool(p) for p in passed], list(seeds)
+    if len(passed) != len(seeds) or not seeds:
+        raise ValueError(f"one flag per seed: got {len(passed)} flags for {len(seeds)} seeds")
+    text = f"{sum(passed)} of {len(seeds)} seeds ({seeds[0]}-{seeds[-1]})"
+    failed = [str(s) for s, p in zip(seeds, passed, strict=True) if not p]
+    return text + (f"; not seed{'s' if len(failed) > 1 else ''} {', '.join(failed)}" if failed else "")
 
 
 @dataclass
@@ -91,7 +151,7 @@ def _steps(steps: int, desc: str, progress: bool):
 def train_seeds(
     make_model: Callable[[], nn.Module],
     data: Sequences,
-    seeds: Sequence[int] = (0, 1, 2),
+    seeds: Sequence[int] | None = None,
     steps: int = 300,
     batch_size: int = 64,
     lr: float = 3e-3,
@@ -106,12 +166,15 @@ def train_seeds(
     the forward pass is ``vmap``-ed over it, each seed with its own batch, so one optimiser step
     moves every model. Adam works element by element, so these are the separate trainings, up to
     floating-point rounding (tested). ``snapshot_every`` keeps each seed's weights every that
-    many steps, as in :func:`train`. Recurrent layers (``nn.GRU``, ...), whose fused kernels
-    cannot be batched this way, are trained one seed after the other. Returns the trained models
+    many steps, as in :func:`train`. ``seeds`` defaults to :func:`seed_range`. Recurrent layers
+    (``nn.GRU``, ...), whose fused kernels cannot be batched this way, are trained one seed after
+    the other. Returns the trained models
     (in ``eval()`` mode) and their histories.
     """
     from torch.func import functional_call, stack_module_state, vmap
 
+    if seeds is None:
+        seeds = seed_range()
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
     models = []
@@ -184,17 +247,25 @@ def accuracy_by_distance(model: nn.Module, data: TaggingData) -> dict[int, float
     return {int(k): correct[data.distance == k].mean().item() for k in data.distance.unique()}
 
 
-def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent: bool = True) -> str:
+def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent: bool = True,
+               width: int = 86) -> str:
     """A text table of one number per seed for each arm of an experiment: the mean, the spread
-    (lowest to highest) and every seed's value, so a reader sees how much seeds disagree."""
+    (lowest to highest) and every seed's value, so a reader sees how much seeds disagree. An arm
+    whose line would be wider than ``width`` characters (ten seeds and more) gets its per-seed
+    values on the lines under it, so the table fits a page's code block."""
     def fmt(x: float) -> str:
         return f"{x:.1%}" if percent else f"{x:.3f}"
 
-    width = max(len(arm) for arm in results)
+    name_width = max(len(arm) for arm in results)
     lines = [f"{what}, over {max(len(v) for v in results.values())} seeds:",
-             f"{'':{width}s}  mean (lowest..highest)  per seed"]
+             f"{'':{name_width}s}  mean (lowest..highest)  per seed"]
     for arm, values in results.items():
         mean = sum(values) / len(values)
-        lines.append(f"{arm:{width}s}  {fmt(mean):>8s} ({fmt(min(values))}..{fmt(max(values))})  "
-                     + " ".join(fmt(v) for v in values))
+        head = f"{arm:{name_width}s}  {fmt(mean):>8s} ({fmt(min(values))}..{fmt(max(values))})"
+        seeds = " ".join(fmt(v) for v in values)
+        if len(head) + 2 + len(seeds) <= width:
+            lines.append(f"{head}  {seeds}")
+        else:
+            lines.append(head)
+            lines += textwrap.wrap(seeds, width, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
