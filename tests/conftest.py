@@ -1,8 +1,15 @@
 import os
 import pathlib
+import sys
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernel's tests run under Triton's interpreter, which must be switched
+# on before anything imports triton (tests/test_triton.py)
+if not torch.cuda.is_available():
+    assert "triton" not in sys.modules, "triton was imported before conftest.py could set it up"
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import settings
 
 # CI gets the same examples every run (no flaky failures from a new random draw); a developer's

@@ -192,8 +192,10 @@ def test_the_causal_weights_rows_and_their_targets(tiny):
                                                                                + bench.CAUSAL)]
     t = targets["causal weights / nn.MHA(need_weights=True), inference"]
     assert (t.op, t.goal) == ("<=", 0.9)
-    assert t.ratio == (ms[("inference, causal", bench.WEIGHTS)]
-                       / ms[("inference, causal", bench.TORCH_WEIGHTS)])
+    assert t.ratio == (ms[("inference, causal", bench.WEIGHTS + bench.CAUSAL)]
+                       / ms[("inference, causal", bench.TORCH_WEIGHTS + bench.CAUSAL)])
+    # every inference call is causal: the weights' times sit in the ", causal" rows
+    assert ("inference, causal", bench.WEIGHTS) not in ms
     # a causal row counts only the products the mask keeps, as the inference rows do
     row = next(r for r in rows if r["mode"] == "forward" and r["variant"] == bench.WEIGHTS + bench.CAUSAL)
     dropped = measure.attention_flops(16, 16, 8, 2, 1) * 15 / 32
@@ -236,3 +238,35 @@ def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, mon
     met = sum(" met" in line.split("  target ")[1] for line in expected)
     assert re.fullmatch(rf"{met} of {len(expected)} targets met(; MISSED: .+)?", out[-1])
     assert any("not a target" in line and "4.0x" in line for line in out)
+
+
+def test_decode_benchmark_builds_its_layers_and_caches_on_the_device_it_is_given(device,
+                                                                                 monkeypatch):
+    seen, original = [], bench._decode_inputs
+
+    def spy(model, context, seed=0):
+        cache, x = original(model, context, seed)
+        k, _ = cache.append(x.new_zeros(1, model.config.n_kv_heads, 0, model.config.head_dim),
+                            x.new_zeros(1, model.config.n_kv_heads, 0, model.config.head_dim))
+        seen.append({next(model.parameters()).device.type, x.device.type, k.device.type})
+        return cache, x
+
+    monkeypatch.setattr(bench, "_decode_inputs", spy)
+    rows = bench.decode_benchmark([8], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
+                                  warmup=0, device=device)
+    assert len(seen) == 3 and all(s == {torch.device(device).type} for s in seen)
+    assert [r["variant"] for r in rows] == ["MHA", "MQA", "MQA naive"]
+    assert all(r["ms_per_token"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_decode_benchmark_records_whether_the_split_of_the_keys_ran(monkeypatch, threads):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # split as on `threads` cores
+    monkeypatch.setattr(fastpaths, "SPLIT_KV_MIN_KEYS", 16)  # a tiny cache is "long"
+    rows = bench.decode_benchmark([8, 32], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
+                                  warmup=0)
+    ran = {(r["context"], r["variant"]): r["split_kv"] for r in rows}
+    # MQA's one key/value head splits from 16 keys on 4 threads; MHA's 4 heads give 1 per thread
+    assert ran == {(c, v): threads == 4 and c == 32 and v == "MQA"
+                   for c in (8, 32) for v in ("MHA", "MQA", "MQA naive")}
+    assert fastpaths._split_kv_attention.__name__ == "_split_kv_attention"  # put back

@@ -78,3 +78,33 @@ def test_the_webfont_covers_every_chinese_character_of_the_book():
     covered = {chr(c) for c in TTFont(font).getBestCmap()}
     assert chars <= covered, f"rebuild the font (make): missing {''.join(sorted(chars - covered))}"
     assert font.stat().st_size < 100_000  # a subset, not the whole font
+
+
+gpu_report = load("gpu_report")
+
+
+def test_make_gpu_plans_the_cuda_tests_the_triton_kernel_and_every_chapter():
+    names = [name for name, _ in gpu_report.steps()]
+    chapters = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
+    assert names[:2] == ["parity tests on cuda", "Triton kernel, compiled"]
+    assert names[2:] == [f"chapter {c}" for c in chapters]
+
+
+def test_make_gpu_runs_the_gpu_only_cells(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_report, "OUT", tmp_path)
+    import json
+
+    copy = gpu_report.with_gpu_cells(ROOT / "chapters" / "09_performance.ipynb")
+    original = json.loads((ROOT / "chapters" / "09_performance.ipynb").read_text())
+    tags = [c.get("metadata", {}).get("tags", []) for c in original["cells"]]
+    assert any("skip-execution" in t for t in tags)  # chapter 9 has GPU-only cells ...
+    cells = json.loads(copy.read_text())["cells"]
+    assert not any(set(c.get("metadata", {}).get("tags", [])) & gpu_report.SKIP_TAGS for c in cells)
+    assert [c["source"] for c in cells] == [c["source"] for c in original["cells"]]  # ... run as they are
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
+def test_make_gpu_without_a_gpu_says_so():
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_report.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stdout

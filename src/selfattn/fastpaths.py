@@ -36,6 +36,10 @@ first kernel of :data:`KERNELS` whose condition holds runs, else the readable on
   cache into parts computed side by side, merged by their log-sum-exp ("flash-decoding",
   Dao et al. 2023), so MQA uses every core (:func:`decode_attention`).
 
+One more kernel runs only when asked for, inside ``with triton_kernel():`` (:func:`triton_kernel`):
+``triton``, the fused kernel of :mod:`selfattn.triton_attention`, first in the table while the
+block lasts.
+
 Each can be switched off (:func:`disabled`), is tested equal to the readable computation with
 every argument its condition reads (tests/test_fastpaths.py), and is kept only because
 ``make bench`` times the layer with it and without it, side by side, and the difference is worth
@@ -279,6 +283,41 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
         out, lse = torch.cat([out, tail_out]), torch.cat([lse, tail_lse])
     share = torch.softmax(lse, dim=0).to(out.dtype)  # (c, H_kv, n): each part's weight
     return (out * share[..., None]).sum(0, keepdim=True)  # (1, H_kv, n, hd)
+
+
+def _triton_eligible(c: Call) -> bool:
+    from .triton_attention import INTERPRETED
+
+    return (not c.need_weights and c.attn_mask is None and c.dropout_p == 0.0
+            and c.q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and c.q.shape[-1] == c.v.shape[-1]
+            and (c.q.device.type == "cuda" or INTERPRETED))
+
+
+def _triton(c: Call) -> tuple[Tensor, None]:
+    from . import triton_attention
+
+    return triton_attention.triton_attention(c.q, c.k, c.v, is_causal=c.is_causal), None
+
+
+TRITON = FastPath("triton", _triton_eligible, _triton)
+
+
+@contextlib.contextmanager
+def triton_kernel() -> Iterator[None]:
+    """Inside a ``with`` block, the layer's attention runs the Triton kernel
+    (:mod:`selfattn.triton_attention`) wherever it applies: no weights, no mask tensor (causal
+    is fine), no dropout, on a CUDA GPU or under Triton's interpreter. The one path that is off
+    unless asked for: it imports ``triton``, which only Linux has, and compiles on first use."""
+    from . import triton_attention  # noqa: F401  (imports triton: fails here, clearly, without it)
+
+    KERNELS.insert(0, TRITON)
+    ENABLED["triton"] = True
+    try:
+        yield
+    finally:
+        KERNELS.remove(TRITON)
+        del ENABLED["triton"]
 
 
 # The table: each path's condition and what it runs (the module docstring says them in words).

@@ -16,22 +16,29 @@ $$O^{(j)} = e^{m^{(j-1)} - m^{(j)}}\, O^{(j-1)} + e^{s^{(j)} - m^{(j)}}\, V^{(j)
 \operatorname{Attention}(Q, K, V) = O^{(\text{last})} / \ell^{(\text{last})}.$$
 
 FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
-IO-Awareness", §3.1, Algorithm 1) runs this over blocks of queries and, inside, blocks of keys:
-one tile of scores exists at a time, so memory grows as $L + S$ instead of $L \cdot S$, and
-tiles that a mask hides entirely are never computed.
+IO-Awareness", §3.1, Algorithm 1) computes attention tile by tile this way, with the key blocks in
+the outer loop: it renormalises $O$ at every step and writes $O$, $\ell$ and $m$ back to memory
+after each key block. This module follows FlashAttention-2 (Dao 2023, §3.1, Algorithm 1, and
+§3.2): the query blocks are the outer loop and each block's $O$ stays unnormalised until one
+division at the end. The swap makes the query blocks independent (on a GPU, one program each, with nothing
+written back between key blocks). One tile of scores exists at a time, so memory grows as
+$L + S$ instead of $L \cdot S$, and tiles that a mask hides entirely are never computed.
 
 The backward pass needs the weights $P$ again, and storing them would bring the $L \cdot S$ back.
 FlashAttention recomputes them instead (Dao et al. 2022, §3.1, "Recomputation"): the forward
 keeps only each row's log-sum-exp $\mathrm{lse} = m + \log \ell$, and the backward recomputes a
 tile's weights from $Q$ and $K$ as $P = e^{S - \mathrm{lse}}$, already normalised. With
 $D = \operatorname{rowsum}(dO \circ O)$, each tile then adds its share of every gradient
-(FlashAttention-2, Dao 2023, Algorithm 2):
+(the per-tile equations of FlashAttention-2, Dao 2023, Algorithm 2):
 
 $$dV \mathrel{+}= P^\top dO, \qquad dP = dO\, V^\top, \qquad dS = P \circ (dP - D), \qquad
 dQ \mathrel{+}= dS\, K \cdot \text{scale}, \qquad dK \mathrel{+}= dS^\top Q \cdot \text{scale}.$$
 
 $D$ is the softmax's backward in one number per row: $\sum_k P_k\, dP_k = dO \cdot O$. Autograd
-keeps the inputs, the output and the log-sum-exp, $O(L + S)$, instead of every tile.
+keeps the inputs, the output and the log-sum-exp, $O(L + S)$, instead of every tile. The loops
+here keep the forward's order, query blocks outside; FlashAttention-2's backward puts the key
+blocks outside, so that a GPU program keeps its $dK$ and $dV$ on chip (adding into them from
+many query blocks at once would need atomic additions) and only $dQ$ is accumulated in memory.
 """
 
 from __future__ import annotations
@@ -161,7 +168,7 @@ def _hidden(mask: Tensor | None) -> bool:
 
 def tiled_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
                   scale: float, block_size: int) -> tuple[Tensor, Tensor]:
-    r"""The online softmax over tiles (FlashAttention, Algorithm 1): the output ``(..., L, Ev)``
+    r"""The online softmax over tiles (FlashAttention-2, Algorithm 1): the output ``(..., L, Ev)``
     and each row's log-sum-exp $m + \log \ell$, ``(..., L, 1)``, ``+inf`` for a row with every key
     masked (its output is 0, and $e^{s - \mathrm{lse}} = 0$ then gives it zero weights in
     backward). The unchecked core of :func:`tiled_attention`, in one dtype: ``q`` (..., L, E)
@@ -196,7 +203,8 @@ def tiled_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask:
                    mask_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     r"""The gradients of :func:`tiled_forward` with respect to ``q``, ``k``, ``v`` and a float
     mask (None unless ``mask_grad``), recomputing each tile's weights $P = e^{S - \mathrm{lse}}$
-    (FlashAttention-2, Dao 2023, Algorithm 2): with $D = \operatorname{rowsum}(dO \circ O)$,
+    (the per-tile equations of FlashAttention-2, Dao 2023, Algorithm 2, in the forward's loop
+    order): with $D = \operatorname{rowsum}(dO \circ O)$,
     $dV \mathrel{+}= P^\top dO$, $dS = P \circ (dO\,V^\top - D)$,
     $dQ \mathrel{+}= dS\,K \cdot \text{scale}$, $dK \mathrel{+}= dS^\top Q \cdot \text{scale}$,
     and the mask's gradient is $dS$ (summed over the batch dims it broadcasts over). The same

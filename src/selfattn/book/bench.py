@@ -97,6 +97,7 @@ def decode_benchmark(
     repeats: int = 15,
     warmup: int = 3,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> list[dict]:
     """Time one decoding step (one new token, batch 1) for MHA, GQA and MQA at each context.
 
@@ -106,11 +107,16 @@ def decode_benchmark(
     :func:`~selfattn.book.baselines.bare_decode_step`, the layer's kernels without its Python.
     Variants are interleaved in a rotated order in each repeat, so a slow moment of a shared
     machine hits all of them; the first ``warmup`` repeats are dropped; each row gives the
-    median time per token in ms. Each sample is one call, not
+    median time per token in ms, and ``split_kv``: whether a step ran the split of the keys
+    across threads (recorded from one step before the clock starts). Each sample is one call, not
     :func:`~selfattn.book.measure.compare`'s loop of calls: every call appends a token to the cache.
+    ``device``: where the layers and their caches live (default the CPU); on CUDA every sample is
+    synchronised before and after, so it times the kernels, not their launch. The weights are
+    drawn on the CPU and moved, so every device times the same layers.
     """
     torch.manual_seed(seed)
-    models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).eval()
+    device = torch.device("cpu" if device is None else device)
+    models = {kv: MultiHeadAttention(d_model, n_heads, n_kv_heads=kv, bias=False).to(device).eval()
               for kv in kv_heads}
     names = {kv: "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}" for kv in kv_heads}
     variants = [(names[kv], kv, "layer") for kv in kv_heads]
@@ -128,11 +134,28 @@ def decode_benchmark(
         else:
             models[kv](x, is_causal=True, kv_cache=cache)
 
+    def split_ran(kv: int, how: str, cache: KVCache, x: Tensor) -> bool:
+        """Whether one step of this variant runs the split of the keys (``split_kv``): the step
+        runs once, with the split's function wrapped to count its calls."""
+        calls, split = [], fastpaths._split_kv_attention
+
+        def counted(*args: Tensor) -> Tensor:
+            calls.append(1)
+            return split(*args)
+
+        fastpaths._split_kv_attention = counted
+        try:
+            step(kv, how, cache, x)
+        finally:
+            fastpaths._split_kv_attention = split
+        return bool(calls)
+
     rows = []
     for context in contexts:
         states = {name: _decode_inputs(models[kv], context, seed) for name, kv, _ in variants}
         samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         with torch.no_grad():
+            ran = {name: split_ran(kv, how, *states[name]) for name, kv, how in variants}
             for r in range(warmup + repeats):
                 for name, kv, how in variants[r % len(variants):] + variants[: r % len(variants)]:
                     synchronize()
@@ -143,7 +166,7 @@ def decode_benchmark(
                         samples[name].append(time.perf_counter() - start)
         for name, kv, how in variants:
             rows.append({"context": context, "variant": name, "n_kv_heads": kv,
-                         "naive": how == "naive", "bare": how == "bare",
+                         "naive": how == "naive", "bare": how == "bare", "split_kv": ran[name],
                          "ms_per_token": 1e3 * statistics.median(samples[name])})
     return rows
 
@@ -276,10 +299,10 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
         "F.scaled_dot_product_attention":
             lambda: F.scaled_dot_product_attention(qi, ki, vi, is_causal=True),
         FAST: lambda: ours(xi, is_causal=True)[0],
-        WEIGHTS: lambda: ours(xi, is_causal=True, need_weights=True)[0],
+        WEIGHTS + CAUSAL: lambda: ours(xi, is_causal=True, need_weights=True)[0],
         TORCH_DEFAULT: lambda: theirs(xi, xi, xi, attn_mask=blocked)[0],
         TORCH: lambda: theirs(xi, xi, xi, attn_mask=blocked, need_weights=False, is_causal=True)[0],
-        TORCH_WEIGHTS: lambda: theirs(
+        TORCH_WEIGHTS + CAUSAL: lambda: theirs(
             xi, xi, xi, attn_mask=blocked, need_weights=True, average_attn_weights=False)[0],
         FLOOR: lambda: floor(is_causal=True),
     }
@@ -315,8 +338,8 @@ def attention_targets(rows: list[dict]) -> list[Target]:
                  "<=", 1.10) for mode, short in modes),
         *(target(f"causal weights / nn.MHA(need_weights=True), {short}", mode, WEIGHTS + CAUSAL,
                  TORCH_WEIGHTS + CAUSAL, "<=", 1.10) for mode, short in modes),
-        target("causal weights / nn.MHA(need_weights=True), inference", inference, WEIGHTS,
-               TORCH_WEIGHTS, "<=", 0.9),
+        target("causal weights / nn.MHA(need_weights=True), inference", inference,
+               WEIGHTS + CAUSAL, TORCH_WEIGHTS + CAUSAL, "<=", 0.9),
         *(target(f"floor / fast path, {short}", mode, FLOOR, FAST, ">=", 0.85)
           for mode, short in modes),
     ]
@@ -665,6 +688,128 @@ def _plot(rows: list[dict], scaling: list[dict], ceiling: float, path) -> None:
     middle.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.savefig(path, dpi=90)
+
+
+# chapter 9, §7: on a GPU
+
+def _kernels_that_ran(fn) -> list[str]:
+    """The compute kernels one call of ``fn`` launched: CUDA kernel names on a GPU (from
+    ``torch.profiler``), the attention operations PyTorch dispatched to on a CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .measure import profiled_ops
+
+    if not torch.cuda.is_available():
+        return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return list(dict.fromkeys(n for n in names if not n.startswith(("Memcpy", "Memset"))))
+
+
+def _peak_bytes(fn, device: torch.device) -> int:
+    if device.type != "cuda":
+        return peak_memory(fn)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 2048, 4096),
+                dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.float32),
+                n_heads: int = 16, head_dim: int = 64, repeats: int = 10,
+                warmup: int = 3) -> list[dict]:
+    """Causal attention, batch 1, on ``device``: SDPA with each of its backends forced, SDPA as
+    it chooses, the Triton kernel (:mod:`selfattn.triton_attention`, where triton imports) and
+    the tiled loop, at each length and dtype. Each row: ``variant``, ``dtype``, ``T``, ``ms``
+    (median, synchronized), ``tflops`` (useful: the causal half of the products), ``peak_mib``
+    (allocated during one call, beyond its inputs), ``kernel`` (what ran), or ``error`` (a
+    backend this device or dtype does not have, or out of memory). Chapter 9 runs it on a GPU;
+    tests run it on a CPU at toy sizes, so the code cannot rot."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .measure import median_time
+
+    device = torch.device(device)
+    try:
+        from .. import triton_attention
+    except ImportError:  # no triton on this platform
+        triton_attention = None
+    backends = [b for b in ("MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION")
+                if hasattr(SDPBackend, b)]
+    rows = []
+    for dtype in dtypes:
+        for T in lengths:
+            g = torch.Generator(device=device).manual_seed(T)
+            q = torch.randn(1, n_heads, T, head_dim, generator=g, device=device, dtype=dtype)
+            variants = _gpu_variants(q, [getattr(SDPBackend, b) for b in backends],
+                                     sdpa_kernel, triton_attention)
+            flops = attention_flops(T, T, head_dim, n_heads, 1) * (T + 1) / (2 * T)
+            for name, fn in variants.items():
+                row: dict = {"variant": name, "dtype": str(dtype).removeprefix("torch."), "T": T}
+                try:
+                    with torch.no_grad():
+                        seconds = median_time(fn, repeats=repeats, warmup=warmup)
+                        row |= {"ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
+                                "peak_mib": _peak_bytes(fn, device) / 2**20,
+                                "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                except Exception as exc:  # no such backend here, out of memory, a kernel
+                    # that does not fit this GPU (Triton's OutOfResources): a row that says so
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    row["error"] = str(exc).strip().splitlines()[0][:90]
+                rows.append(row)
+    return rows
+
+
+def _gpu_variants(q: Tensor, backends: list, sdpa_kernel, triton_attention) -> dict:
+    """:func:`gpu_kernels`' calls on ``q``: causal self-attention, each its own way."""
+    def forced(backend) -> Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    variants = {f"SDPA, {b.name.lower()}": (lambda b=b: forced(b)) for b in backends}
+    variants["SDPA, its own choice"] = lambda: F.scaled_dot_product_attention(
+        q, q, q, is_causal=True)
+    if triton_attention is not None:
+        variants["triton (selfattn)"] = lambda: triton_attention.triton_attention(
+            q, q, q, is_causal=True)
+    variants["tiled (selfattn)"] = lambda: tiled_attention(q, q, q, is_causal=True)
+    return variants
+
+
+def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
+                   head_dim: int = 64) -> list[dict]:
+    """Which kernel SDPA picks as the call changes, on ``device``: float16 and causal (what the
+    fast kernels want), then one change at a time, each a known silent fallback on CUDA: a mask
+    tensor instead of ``is_causal``, float32, grouped key/value heads (``enable_gqa``). Each
+    row: ``call`` and ``kernel`` (the names that ran)."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    half = torch.float16 if device.type == "cuda" else torch.float32
+
+    def x(heads: int = n_heads, dtype: torch.dtype = half) -> Tensor:
+        return torch.randn(1, heads, T, head_dim, generator=g, device=device, dtype=dtype)
+
+    q, q32, kv = x(), x(dtype=torch.float32), x(heads=n_heads // 4)
+    mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    calls = {
+        f"{str(half).removeprefix('torch.')}, is_causal=True":
+            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+        "the same causal mask as a tensor":
+            lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+        **({} if half == torch.float32 else {"float32, is_causal=True":  # a CPU: float32 above
+            lambda: F.scaled_dot_product_attention(q32, q32, q32, is_causal=True)}),
+        f"{n_heads // 4} key/value heads, enable_gqa=True":
+            lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True),
+    }
+    with torch.no_grad():
+        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                for name, fn in calls.items()]
 
 
 if __name__ == "__main__":  # `make bench`
