@@ -53,6 +53,7 @@ def test_first_code_cell_installs_on_colab_only_and_picks_the_device(path):
     assert f"git+{CONFIG['repository']['url']}" in setup  # the one URL, from _config.yml
     install = [line for line in setup.splitlines() if "pip" in line or "git+" in line]
     assert install and not any("torch" in line for line in install)  # never reinstalls torch
+    assert '"--no-deps"' in setup  # Colab has every dependency: pip must add nothing else
     assert "selfattn.pick_device()" in setup
 
 

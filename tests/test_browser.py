@@ -2,13 +2,14 @@
 
 For every page of the book, in a 1280 px wide window: no JavaScript errors, no request leaving
 127.0.0.1, every embedded widget view rendered, every figure loaded, the Chinese terms drawn with
-the book's own font (the machines that run this have no CJK font), no raw LaTeX outside the
-math, no code or printed line wider than its block, and no figure whose smallest text is under
-9 px as displayed (from the sizes tests/colab_harness.py recorded while the chapters ran). For
-the static explorers: moving a slider changes the heatmap on screen, and at least eight of the ten
-chapters have an explorer that renders a picture. Every schematic diagram has its alt text and is
-screenshotted in the dark theme too. Screenshots go to _build/screenshots/ (the run's summary
-names the folder). `make test` builds the book first.
+the book's own font (the machines that run this have no CJK font), no raw LaTeX outside the math,
+no code or printed line wider than its block, no display equation wider than its column (and, in a
+390 px phone window, none clipped: a wide one scrolls inside its own box), and no figure whose
+smallest text is under 9 px as displayed (from the sizes tests/colab_harness.py recorded while the
+chapters ran). For the static explorers: moving a slider changes the heatmap on screen, and at
+least eight of the ten chapters have an explorer that renders a picture. Every schematic diagram
+has its alt text and is screenshotted in the dark theme too. Screenshots go to _build/screenshots/
+(the run's summary names the folder). `make test` builds the book first.
 """
 
 import functools
@@ -74,9 +75,9 @@ def browser():
         b.close()
 
 
-def open_page(browser, server, name):
+def open_page(browser, server, name, width=1280):
     """Load a page with every off-host request blocked and recorded; return page and logs."""
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = browser.new_page(viewport={"width": width, "height": 1000})
     log = {"errors": [], "offhost": [], "bytes": 0}
     page.on("console", lambda m: m.type == "error" and log["errors"].append(m.text))
     page.on("pageerror", lambda e: log["errors"].append(str(e)))
@@ -94,6 +95,7 @@ def open_page(browser, server, name):
             if r.url.startswith(server) and r.status < 300 else None)
     page.goto(f"{server}/{name}.html", wait_until="networkidle")
     page.wait_for_timeout(500)  # let the widget manager finish rendering
+    page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
     return page, log
 
 
@@ -107,7 +109,7 @@ def test_page_renders_offline_without_errors(browser, server, name):
     errors = [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES]
     assert errors == [], "JavaScript errors in the console"
     problems = (chinese_not_in_the_books_font(page) + raw_latex(page) + lines_too_wide(page)
-                + figures_too_small(page, name))
+                + equations_that_do_not_fit(page, phone=False) + figures_too_small(page, name))
     assert problems == [], f"{name}: " + "; ".join(problems)
 
     n_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
@@ -193,6 +195,43 @@ def lines_too_wide(page):
         .map(p => [p.scrollWidth - p.clientWidth,
                    p.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "")])""")
     return [f"a line {over} px wider than its block: {line.strip()[:70]!r}" for over, line in wide]
+
+
+def equations_that_do_not_fit(page, phone):
+    """Display equations wider than the box they sit in. In a desktop window none may be (a
+    reader should not have to scroll an equation); in a phone window a wide one may scroll, if
+    it does so inside its own box (an ancestor with overflow-x auto or scroll, the MathJax
+    container itself included) rather than being clipped or widening the page."""
+    found = page.evaluate(r"""(phone) => {
+        const out = [];
+        for (const eq of document.querySelectorAll('main mjx-container[display="true"]')) {
+            if (eq.offsetParent === null) continue;
+            const math = eq.querySelector("mjx-math");
+            const box = eq.parentElement;
+            const need = math ? math.getBoundingClientRect().width : eq.scrollWidth;
+            const room = box.clientWidth;
+            if (need <= room + 1) continue;
+            let scrolls = false;
+            for (let el = eq; el && el !== document.body; el = el.parentElement) {
+                const o = getComputedStyle(el).overflowX;
+                if ((o === "auto" || o === "scroll") && el.clientWidth <= room + 1) { scrolls = true; break; }
+            }
+            if (!phone || !scrolls)
+                out.push([Math.round(need - room), scrolls, eq.textContent.slice(0, 50)]);
+        }
+        return out;
+    }""", phone)
+    where = "in a 390 px window, clipped" if phone else "wider than its column"
+    return [f"a display equation {over} px {where} ({'it scrolls' if scrolls else 'clipped'}): "
+            f"{text!r}" for over, scrolls, text in found]
+
+
+@pytest.mark.parametrize("name", [n for n in pages() if n.startswith("chapters/")])
+def test_no_equation_is_clipped_on_a_phone(browser, server, name):
+    page, _ = open_page(browser, server, name, width=390)
+    problems = equations_that_do_not_fit(page, phone=True)
+    page.close()
+    assert problems == [], f"{name}: " + "; ".join(problems)
 
 
 MIN_TEXT_PX = 9.0

@@ -6,6 +6,7 @@ chapter under nbval in .venv/colab (tools/colab_env.py), where ipywidgets is Col
 tests/colab_harness.py driving each live explorer; the last test here reads what it recorded.
 """
 
+import ast
 import importlib.util
 import json
 import pathlib
@@ -55,29 +56,34 @@ def test_the_colab_environment_has_colabs_widgets(colab_python):
     assert out == [colab_env.COLAB_OVERLAY["ipywidgets"], colab_env.COLAB_OVERLAY["widgetsnbextension"]]
 
 
-def test_installing_the_package_changes_no_package_colab_has(colab_python, tmp_path):
-    """pip's default strategy (only-if-needed) on this checkout, as the setup cell runs it."""
+def setup_cell_pip_flags():
+    """The options every chapter's setup cell gives ``pip install`` on Colab (read from the
+    cells, so this test and the chapters cannot drift apart), the same in every chapter."""
+    flags = set()
+    for path in CHAPTERS:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        setup = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+        call = next(n for n in ast.walk(ast.parse(setup)) if isinstance(n, ast.List)
+                    and any(isinstance(e, ast.Constant) and e.value == "install" for e in n.elts))
+        flags.add(tuple(e.value for e in call.elts if isinstance(e, ast.Constant)
+                        and e.value.startswith("-") and e.value != "-m"))
+    assert len(flags) == 1, f"the setup cells install with different options: {flags}"
+    return list(flags.pop())
+
+
+def test_installing_the_package_adds_nothing_but_selfattn(colab_python, tmp_path):
+    """The setup cell's install, as it runs on Colab (--no-deps: Colab has every dependency,
+    test_every_requirement_admits_the_version_colab_has checks that), adds only this package:
+    pip cannot follow a dependency to a package Colab's image leaves out (jedi, through
+    ipywidgets 7 and Colab's IPython) or replace one Colab has."""
+    flags = setup_cell_pip_flags()
+    assert "--no-deps" in flags
     report = tmp_path / "report.json"
-    subprocess.run([colab_python, "-m", "pip", "install", "--dry-run", "--quiet",
-                    "--disable-pip-version-check", "--report", str(report), str(ROOT)],
-                   check=True, capture_output=True)
-    would_install = {i["metadata"]["name"].lower(): i["metadata"]["version"]
-                     for i in json.loads(report.read_text())["install"]}
-    listed = subprocess.run([colab_python, "-m", "pip", "list", "--format", "json",
-                             "--disable-pip-version-check"],
-                            capture_output=True, text=True, check=True).stdout
-    present = {p["name"].lower().replace("_", "-") for p in json.loads(listed)}
+    subprocess.run([colab_python, "-m", "pip", "install", "--dry-run", "--disable-pip-version-check",
+                    "--report", str(report), *flags, str(ROOT)], check=True, capture_output=True)
+    would_install = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
     print("pip would install:", would_install)
-    assert "selfattn" in would_install
-    changed = {n: v for n, v in would_install.items() if n.replace("_", "-") in present
-               and n != "selfattn"}
-    assert changed == {}, f"installing selfattn would replace packages Colab has: {changed}"
-    # nor would it install another version of anything the book uses from Colab (the widget
-    # stack included), whatever this simulated environment lacks of Colab's Jupyter server
-    colabs = {n.lower().replace("_", "-") for n in [*colab_env.COLAB_FREEZE, *colab_env.COLAB_OVERLAY,
-                                                   "jupyterlab-widgets", "comm", "jedi"]}
-    touched = {n: v for n, v in would_install.items() if n.replace("_", "-") in colabs}
-    assert touched == {}, f"installing selfattn would install over Colab's own: {touched}"
+    assert would_install == {"selfattn"}
 
 
 def test_a_static_explorer_on_ipywidgets_7_says_what_it_needs(colab_python):
