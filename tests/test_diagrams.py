@@ -261,7 +261,8 @@ def test_online_softmax_tiles_skips_exactly_the_hidden_tiles(L, S, block, causal
             assert (f"tile{a}-{b}" in tiles) != hidden
     s = strings(d)
     assert f"({L} × {S} = {L * S:,} scores)" in s
-    assert "m_new = max(m, rowmax)" in s and "l = l · exp(m − m_new) + rowsum" in s
+    assert "m_new = max(m, rowmax(s))" in s and "l = alpha · l + rowsum(exp(s − m_new))" in s
+    assert "acc = alpha · acc + exp(s − m_new) @ V_j" in s and "at the end: acc / l" in s
     assert ("tiles skipped" in s) == causal
 
 
@@ -310,3 +311,110 @@ def test_a_size_of_the_wrong_type_is_a_type_error(call, message):
 def test_multi_head_rejects_what_is_not_a_layer():
     with pytest.raises(TypeError, match="MultiHeadAttention or an AttentionConfig"):
         diagrams.multi_head(torch.nn.MultiheadAttention(32, 4))
+
+
+def test_one_output_writes_vectors_as_rows_like_the_code():
+    # the chapter's code computes a @ W_q with W_q of shape (d_model, d_k): a row vector times
+    # W, so W^q a^1 (column vectors) would not even be defined for those shapes
+    s = strings(diagrams.one_output())
+    for label in ["$q^1 = a^1 W^q$", "$k^i = a^i W^k$", "$v^i = a^i W^v$"]:
+        assert label in s, label
+    assert "W^q a" not in s and "W^k a" not in s and "W^v a" not in s
+
+
+GROUPED_CASES = {
+    "grouped_rows": (lambda: diagrams.grouped_rows(), "key/value head"),
+    "grouped_rows, MQA of 16": (lambda: diagrams.grouped_rows(16, 1), "key/value head"),
+    "grouped_rows, chunk": (lambda: diagrams.grouped_rows(4, 2, L=4), "key/value head"),
+    "grouped_rows, pairs": (lambda: diagrams.grouped_rows(16, 8), "key/value head"),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED_CASES))
+def test_grouped_rows_fits_is_legible_and_has_its_alt_text(name):
+    make, word = GROUPED_CASES[name]
+    test_returns_a_diagram_that_fits_the_page((make(), word))
+    test_nothing_is_cut_off_and_no_text_is_drawn_over_another((make(), word))
+    test_shows_as_a_png_with_its_alt_text((make(), word))
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv", "L"), [(8, 2, 1), (16, 1, 1), (4, 2, 4), (6, 3, 2)])
+def test_grouped_rows_stacks_each_groups_query_rows_as_the_library_does(n_heads, n_kv, L):
+    d = diagrams.grouped_rows(n_heads, n_kv, L)
+    g = n_heads // n_kv
+    labels = {p.get_gid(): p for p in d.figure.findobj(Patch) if p.get_gid()}
+    drawn = [gid for gid in labels if gid.startswith("row")]
+    # group j holds the query heads j*g .. (j+1)*g - 1, every token of each: repeat_kv's order
+    expected = [f"row{h // g}-{h * L + t}" for h in range(n_heads) for t in range(L)]
+    assert sorted(drawn) == sorted(expected)
+    assert sum(gid.startswith("k") for gid in labels) == n_kv
+    assert f"(B, {n_kv}, {g * L}, hd)" in strings(d) and "a view, no copy" in strings(d)
+    # the rows match what attention computes: query head h meets key/value head h // g
+    q = torch.randn(1, n_heads, L, 4)
+    k, v = torch.randn(1, n_kv, 5, 4), torch.randn(1, n_kv, 5, 4)
+    out, _ = selfattn.fastpaths.attend_heads(q, k, v)
+    for h in range(n_heads):
+        j = h // g
+        torch.testing.assert_close(out[:, h], torch.softmax(
+            q[:, h] @ k[:, j].mT / 2, -1) @ v[:, j])
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: diagrams.grouped_rows(8, 3), r"multiple of n_kv_heads \(3\)"),
+    (lambda: diagrams.grouped_rows(4, 4), "two query heads or more"),
+    (lambda: diagrams.grouped_rows(8, 2, L=4), "at most 16 rows"),
+    (lambda: diagrams.grouped_rows(0, 1), "n_heads must be positive"),
+])
+def test_grouped_rows_says_what_is_wrong(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("n_kv_heads", [8, 2])
+def test_multi_head_draws_the_query_and_key_lengths_apart(n_kv_heads):
+    # chapter 6's demo: 2 queries attend to 4 keys; every shape on a key or value path has S
+    layer = selfattn.MultiHeadAttention(128, 8, n_kv_heads=n_kv_heads, head_dim=16, kdim=128,
+                                        vdim=64, out_dim=8)
+    d = diagrams.multi_head(layer, B=10, T=2, S=4)
+    kv = 16 * n_kv_heads
+    assert {"(10, 2, 128)", "(10, 4, 128)", "(10, 4, 64)", f"(10, 4, {kv})",
+            "(10, 8, 2, 16)", f"(10, {n_kv_heads}, 4, 16)", "(10, 2, 8)"} <= numbers_in(d)
+    assert "(10, 8, 2, 4)" in d.alt and "S=4" in strings(d)
+    assert "(10, 4, 8)" not in numbers_in(d)  # the output follows the queries, not the keys
+    same = diagrams.multi_head(layer, B=10, T=4)  # S defaults to T: self-attention
+    assert numbers_in(same) == numbers_in(diagrams.multi_head(layer, B=10, T=4, S=4))
+    assert "S=" not in strings(same)
+    test_returns_a_diagram_that_fits_the_page((d, "merge_heads"))
+    test_nothing_is_cut_off_and_no_text_is_drawn_over_another((d, "merge_heads"))
+    test_shows_as_a_png_with_its_alt_text((d, "merge_heads"))
+
+
+def test_multi_head_checks_the_key_length():
+    with pytest.raises(ValueError, match="S"):
+        diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), S=0)
+
+
+def test_one_output_values_cross_the_softmax_band_through_a_gap():
+    """Each value line v^i passes over the softmax band through a white gap, so it does not
+    read as going through the softmax."""
+    d = diagrams.one_output(["we", "like", "tea"])
+    ax = d.figure.axes[0]
+    band = next(p for p in ax.patches if p.get_gid() == "softmax band")
+    gaps = [ln for ln in ax.get_lines() if ln.get_gid() == "gap"]
+    assert len(gaps) == 3
+    x0, y0 = band.get_x(), band.get_y()
+    x1, y1 = x0 + band.get_width(), y0 + band.get_height()
+    for gap in gaps:
+        xs, ys = gap.get_xdata(), gap.get_ydata()
+        assert gap.get_color() == "white" and gap.get_zorder() > band.get_zorder()
+        assert x0 <= xs[0] <= x1 and min(ys) < y0 and max(ys) > y1  # across the whole band
+
+
+@pytest.mark.parametrize("n_kv_heads", [8, 2])
+def test_multi_head_draws_the_scores_shape_and_names_kv_heads_only_when_fewer(n_kv_heads):
+    layer = selfattn.MultiHeadAttention(128, 8, n_kv_heads=n_kv_heads, head_dim=16, kdim=128,
+                                        vdim=64, out_dim=8)
+    d = diagrams.multi_head(layer, B=10, T=2, S=4)
+    assert "(10, 8, 2, 4)" in numbers_in(d)  # the demo's scores, drawn, not only in the alt text
+    assert ("n_kv_heads" in strings(d)) == (n_kv_heads != 8)
+    test_nothing_is_cut_off_and_no_text_is_drawn_over_another((d, "merge_heads"))

@@ -223,7 +223,59 @@ def online_softmax(scores, block_size):  # no rescaling, and the maximum started
 
 answer = online_softmax
 ''', "right when the first block holds the maximum"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # right numbers, not the algorithm
+    return torch.softmax(scores, dim=-1)
+
+answer = online_softmax
+''', "calls torch.softmax"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # the two-pass softmax: the whole row's max at once
+    m = scores.amax(dim=-1, keepdim=True)
+    return torch.exp(scores - m) / torch.exp(scores - m).sum(dim=-1, keepdim=True)
+
+answer = online_softmax
+''', "amax, over 7 numbers at once"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # the log-sum-exp of the whole row, by a running op
+    return torch.exp(scores - torch.logcumsumexp(scores, -1)[..., -1:])
+
+answer = online_softmax
+''', "calls torch.logcumsumexp"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # the maximum by aminmax, the sum as a product
+    m = torch.aminmax(scores, dim=-1, keepdim=True).max
+    e = torch.exp(scores - m)
+    return e / (e @ torch.ones(scores.shape[-1], 1))
+
+answer = online_softmax
+''', "aminmax, over 7 numbers at once"),
+    ("check_online_softmax", '''
+def online_softmax(scores, block_size):  # a running maximum over the whole row at once
+    m = torch.cummax(scores, dim=-1).values[..., -1:]
+    e = torch.exp(scores - m)
+    return e / torch.nansum(e, dim=-1, keepdim=True)
+
+answer = online_softmax
+''', "cummax, over 7 numbers at once"),
 ]
+
+# right answers written differently from the folded solution: each must pass
+RIGHT = {
+    "columns moved to the front": '''
+def online_softmax(scores, block_size):
+    cols = scores.movedim(-1, 0)  # (S, ...)
+    m = torch.full_like(cols[:1], float("-inf"))
+    l = torch.zeros_like(m)
+    for block in cols.split(block_size, dim=0):
+        m_new = torch.maximum(m, block.amax(dim=0, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(0, keepdim=True)
+        m = m_new
+    return torch.exp(cols - m).div(l).movedim(0, -1)
+
+answer = online_softmax
+''',
+}
 
 
 def run(code):
@@ -325,3 +377,195 @@ def test_importing_selfattn_does_not_import_the_books_apparatus():
     code = "import selfattn; selfattn.book.exercises.check_rope; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+# --- chapter 3: masked additive attention, Luong's general score --------------------------------
+
+CH3_SOLUTIONS = {
+    "check_masked_additive_attention": '''
+def additive_attention(query, key, value, mask, scorer):  # (B, L, Eq), (B, S, Ek), (B, S, Ev)
+    hq = scorer.w_q(query).unsqueeze(-2)  # (B, L, 1, h)
+    hk = scorer.w_k(key).unsqueeze(-3)  # (B, 1, S, h)
+    scores = scorer.w(torch.tanh(hq + hk)).squeeze(-1)  # (B, L, S, 1) -> (B, L, S)
+    scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend
+    weights = torch.softmax(scores, dim=-1)  # (B, L, S)
+    return weights @ value, weights  # (B, L, Ev), (B, L, S)
+
+answer = additive_attention
+''',
+    "check_general_score": '''
+def general_score(query, key, W):  # (..., L, Eq), (..., S, Ek), W (Eq, Ek)
+    return query @ W @ key.transpose(-2, -1)  # (..., L, S)
+
+answer = general_score
+''',
+}
+
+CH3_MISTAKES = [
+    ("check_masked_additive_attention", [('scores = scores.masked_fill(~mask, float("-inf"))', "")],
+     "mask is not applied"),
+    ("check_masked_additive_attention", [("masked_fill(~mask", "masked_fill(mask")], "polarity"),
+    ("check_masked_additive_attention", [("dim=-1)  # (B, L, S)", "dim=-2)  # (B, L, S)")],
+     "over the queries"),
+    ("check_masked_additive_attention", [('scores = scores.masked_fill(~mask, float("-inf"))', ""),
+                                         ("weights = torch.softmax(scores, dim=-1)",
+                                          "weights = torch.softmax(scores, dim=-1) * mask")],
+     "zeroed after the softmax"),
+    ("check_masked_additive_attention", [("torch.tanh(hq + hk)", "hq + hk")], "no tanh"),
+    ("check_masked_additive_attention", [("scorer.w_k(key)", "(key @ scorer.w_k.weight.T)")],
+     "bias of W_k"),
+    ("check_masked_additive_attention", [("hq = scorer.w_q(query).unsqueeze(-2)",
+                                          "hq = scorer.w_q(query).unsqueeze(-3)"),
+                                         ("hk = scorer.w_k(key).unsqueeze(-3)",
+                                          "hk = scorer.w_k(key).unsqueeze(-2)")], "transposed"),
+    ("check_masked_additive_attention", [(".squeeze(-1)  #", ".squeeze(-1) / 8 ** 0.5  #")],
+     "not scaled"),
+    ("check_masked_additive_attention", [("return weights @ value, weights",
+                                          "return weights @ value")], "return (output, weights)"),
+    ("check_masked_additive_attention", [("return weights @ value, weights",
+                                          "return weights @ value.flip(-2), weights")],
+     "weights are right but the output is not"),
+    ("check_masked_additive_attention", [("scores = scorer.w(torch.tanh(hq + hk)).squeeze(-1)",
+                                          "scores = scorer(query, key)")], "build the scores"),
+    ("check_general_score", [("query @ W @ key", "query @ W.T @ key")], "W is used transposed"),
+    ("check_general_score", [("query @ W @ key.transpose(-2, -1)",
+                              "(query @ W @ key.transpose(-2, -1)).transpose(-2, -1)")],
+     "scores are transposed"),
+    ("check_general_score", [("query @ W @ key.transpose(-2, -1)",
+                              "key @ W.T @ query.transpose(-2, -1)")], "transposed"),
+    ("check_general_score", [("query @ W @ key.transpose(-2, -1)",
+                              "query @ W @ key.transpose(-2, -1) / query.shape[-1] ** 0.5")],
+     "square root of the width"),
+    ("check_general_score", [("query @ W @ key.transpose(-2, -1)",
+                              "query @ W @ key.transpose(-2, -1) / key.shape[-1] ** 0.5")],
+     "square root of the width"),
+    ("check_general_score", [("key.transpose(-2, -1)", "key.T")], "transpose only the last two"),
+    ("check_masked_additive_attention", [('masked_fill(~mask, float("-inf"))',
+                                          "masked_fill(mask, -1e9)")], "polarity"),
+    ("check_masked_additive_attention", [('masked_fill(~mask, float("-inf"))',
+                                          "masked_fill(~mask, 0.0)")], "set to 0"),
+    ("check_masked_additive_attention", [('scores = scores.masked_fill(~mask, float("-inf"))',
+                                          "scores = scores * mask")], "set to 0"),
+    ("check_masked_additive_attention", [("return weights @ value, weights",
+                                          "return weights, weights @ value")], "in that order"),
+]
+
+
+def ch3_run(name, edits=()):
+    code = CH3_SOLUTIONS[name]
+    for old, new in edits:
+        assert old in code, (name, old)
+        code = code.replace(old, new)
+    return run(code)
+
+
+@pytest.mark.parametrize("name", CH3_SOLUTIONS)
+def test_chapter_3_solutions_pass_and_leave_the_random_state_alone(name, capsys):
+    state = torch.random.get_rng_state()
+    ok, out = verdict(capsys, name, ch3_run(name))
+    assert ok is True, out
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert "build-it exercise" in getattr(ex, name).__doc__.split(":")[0]
+
+
+@pytest.mark.parametrize("name", CH3_SOLUTIONS)
+@pytest.mark.parametrize("blank", ["none", "returns_none", "raises"])
+def test_chapter_3_blank_answers_fail_without_raising(name, blank, capsys):
+    answer = {"none": None,
+              "returns_none": run("def answer(*args):\n    return None\n"),
+              "raises": run("def answer(*args):\n    raise NotImplementedError('your code here')\n")}
+    ok, out = verdict(capsys, name, answer[blank])
+    assert ok is False and out.startswith("✗ Not yet: ")
+    assert "raised NotImplementedError" in out if blank == "raises" else "raised" not in out
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the .T mistake, on purpose
+@pytest.mark.parametrize(("name", "edits", "hint"), CH3_MISTAKES,
+                         ids=[f"{m[0]}-{m[2][:30]}" for m in CH3_MISTAKES])
+def test_chapter_3_typical_mistakes_get_their_hint(name, edits, hint, capsys):
+    ok, out = verdict(capsys, name, ch3_run(name, edits))
+    assert ok is False
+    assert hint in out, out
+
+
+def test_chapter_3_masked_additive_checker_uses_every_key_the_mask_keeps():
+    # the right weights over the keys kept, but a fully uniform row elsewhere: caught
+    def half_right(query, key, value, mask, scorer):
+        weights = mask.expand(query.shape[0], query.shape[1], key.shape[1]).float()
+        weights = weights / weights.sum(-1, keepdim=True)  # uniform over the kept keys
+        return weights @ value, weights
+
+    assert ex.check_masked_additive_attention(half_right) is False
+
+
+# Chapter 4's measured exercises: each answer is a power of two that the checker measures itself
+@pytest.mark.parametrize(("name", "right", "too_small", "too_large", "hints"), [
+    ("check_saturation_width", 128, 64, 256, ("go wider", "smaller")),
+    ("check_gradient_crossover", 128, 64, 256, ("go wider", "smaller widths")),
+])
+def test_chapter_4_measured_answers(name, right, too_small, too_large, hints, capsys):
+    check = getattr(ex, name)
+    assert check(right) is True
+    for answer in (None, "128", 3, 100.0, 0, True):
+        assert check(answer) is False  # a blank, not a number, or not a power of two
+    assert check(too_small) is False
+    assert hints[0] in capsys.readouterr().out
+    assert check(too_large) is False
+    assert hints[1] in capsys.readouterr().out
+
+
+def test_chapter_4_checkers_agree_with_the_measurement_they_ask_for():
+    from selfattn.book import measure
+
+    widths = [2**i for i in range(1, 13)]
+    width = next(d for d in widths if measure.median_top_weight(d, 64) > 0.9)
+    assert ex.check_saturation_width(width) is True
+
+    ratio = measure.query_gradient_ratio
+    assert ex.check_gradient_crossover(next(d for d in widths if ratio(d) > 1)) is True
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_a_right_online_softmax_written_another_way_passes(name, capsys):
+    assert selfattn.book.exercises.check_online_softmax(run(RIGHT[name])) is True
+    assert "Correct" in capsys.readouterr().out
+
+
+
+@pytest.mark.parametrize("almost", [1e-6, 1e-4, -1e-9, 0.5])
+def test_uniform_scale_takes_only_zero_and_prints_the_spread(almost, capsys):
+    """A scale near 0 gives nearly uniform weights, not uniform ones whatever q and k are: it
+    fails, and the hint prints the spread, not two equal-looking rounded weights."""
+    assert ex.check_uniform_scale(almost) is False
+    out = " ".join(capsys.readouterr().out.split())  # the hint is wrapped
+    assert "spread over" in out and "every score is 0" not in out
+    assert "0.200 to 0.200" not in out
+    assert ex.check_uniform_scale(0) is True and ex.check_uniform_scale(0.0) is True
+    assert "every score is 0" in capsys.readouterr().out
+
+
+def test_chapter_4_query_gradient_ratio_is_the_median_over_draws():
+    from selfattn.book import measure
+
+    def one(d, seed):
+        s = measure.attention_gradients(d, True, seed=seed)
+        u = measure.attention_gradients(d, False, seed=seed)
+        return (s.at_q.median() / u.at_q.median()).item()
+
+    draws = [one(128, 1000 + 128 + 100_003 * i) for i in range(5)]
+    assert measure.query_gradient_ratio(128) == pytest.approx(sorted(draws)[2])
+    assert measure.query_gradient_ratio(64, 1) == pytest.approx(one(64, 1064))
+    # the crossover, away from the draw: below one at 64, above at 128
+    assert measure.query_gradient_ratio(64) < 1 < measure.query_gradient_ratio(128)
+    with pytest.raises(ValueError, match="n_draws"):
+        measure.query_gradient_ratio(64, 0)
+
+
+@pytest.mark.parametrize("body", [
+    "return torch.einsum('lq,qk,sk->ls', query, W, key)",  # no batch axes: fails on the batch
+    "return torch.stack([q @ W @ k.T for q, k in zip(query, key)])",  # 2-D only, then unbind
+])
+def test_chapter_3_general_score_gives_the_transpose_hint_only_for_its_error(body, capsys):
+    code = f"def general_score(query, key, W):\n    {body}\n\nanswer = general_score\n"
+    ok, out = verdict(capsys, "check_general_score", run(code))
+    assert ok is False and "reverses every axis" not in out, out

@@ -194,3 +194,97 @@ def test_verdict_tells_a_difference_from_the_spread_of_the_samples():
     slow = measure.Timing([2.0, 2.02, 1.98])
     assert measure.verdict("slow", slow, "a", a).startswith("slow / a: 2.00, slower")
     assert measure.verdict("a", a, "slow", slow).startswith("a / slow: 0.50, faster")
+
+
+def test_profiled_ops_sees_inside_multihead_attentions_inference_fast_path():
+    """op_counts sees one composite operation; the profiler sees the unfused products inside."""
+    torch.manual_seed(0)
+    layer = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        outer = measure.op_counts(lambda: layer(x, x, x, need_weights=False))
+        inner = measure.profiled_ops(lambda: layer(x, x, x, need_weights=False))
+    assert "_native_multi_head_attention" in outer and "bmm" not in outer
+    assert inner["_native_multi_head_attention"] == 1 and inner["bmm"] == 2
+    assert not any("flash" in name for name in inner)
+
+
+def test_top_share_measures_how_concentrated_a_gradient_is():
+    assert measure.top_share(torch.ones(100)) == pytest.approx(0.05)  # spread evenly
+    one_row = torch.zeros(100)
+    one_row[7] = 3.0
+    assert measure.top_share(one_row) == pytest.approx(1.0)  # all in one row
+    assert measure.top_share(torch.tensor([3.0, 4.0]), 0.5) == pytest.approx(16 / 25)  # squares
+    with pytest.raises(ValueError, match="fraction"):
+        measure.top_share(torch.ones(4), 0.0)
+
+
+def test_attention_gradients_obey_the_chain_rule_of_the_scale():
+    # at q the scaled model's gradient carries the factor 1/sqrt(d_k) on top of the scores'
+    for d_k in (4, 64):
+        s, u = measure.attention_gradients(d_k, True), measure.attention_gradients(d_k, False)
+        assert s.at_q.shape == s.at_scores.shape == s.top_weight.shape == (64 * 16,)
+        ratio = (s.at_q.norm() / u.at_q.norm()) / (s.at_scores.norm() / u.at_scores.norm())
+        assert ratio.item() == pytest.approx(1 / math.sqrt(d_k), rel=0.1)
+    wide = measure.attention_gradients(1024, False)
+    assert wide.top_weight.median() > 0.99  # unscaled and wide: saturated rows
+    assert measure.top_share(wide.at_q) > 0.5  # ... and a concentrated gradient
+
+
+def test_median_top_weight_grows_with_the_width_only_without_the_scale():
+    raw = [measure.median_top_weight(d, 16, n_rows=4000) for d in (4, 64, 1024)]
+    scaled = [measure.median_top_weight(d, 16, scaled=True, n_rows=4000) for d in (4, 64, 1024)]
+    assert raw[0] < raw[1] < raw[2] and raw[2] > 0.99
+    assert max(scaled) - min(scaled) < 0.05 and max(scaled) < 0.5
+    assert measure.median_top_weight(8, 1) == 1.0  # one key takes all the weight
+
+
+def test_cue_gradients_match_autograd_and_a_finite_difference():
+    from selfattn.book import data, models
+
+    task = data.tagging_task(40, seq_len=12, seed=3)
+    torch.manual_seed(0)
+    model = models.AttentionTagger(task.vocab_size, task.n_tags, d=16, scorer="dot").double()
+    c = measure.cue_gradients(model, task)
+    assert c.cue_weight.shape == c.cue_grad.shape == c.correct.shape == (40,)
+    assert torch.equal(c.cue, task.tokens[torch.arange(40), task.position - task.distance])
+    assert (c.cue_weight <= c.top_weight).all() and (c.top_weight <= 1).all()
+    assert c.all_grad >= c.cue_grad.abs().sum().item() > 0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # left clean
+    # the gradient at W^q, W^k: plain autograd on the mean training loss
+    F.cross_entropy(model(task.tokens).flatten(0, 1), task.tags.flatten()).backward()
+    want = torch.cat([model.attn.q_proj.weight.grad.flatten(),
+                      model.attn.k_proj.weight.grad.flatten()]).norm().item()
+    assert c.score_weight_grad == pytest.approx(want, rel=1e-6)
+    # dL/ds_cue of one sentence (its mean loss over its tokens), by a central difference
+    i = 5
+    pos, cue = task.position[i].item(), (task.position[i] - task.distance[i]).item()
+    score = model.attn.score
+
+    def loss(eps):
+        def shifted(x):
+            s = score(x).clone()  # (1, T, T)
+            s[0, pos, cue] += eps
+            return s
+
+        model.attn.score = shifted
+        try:
+            logits = model(task.tokens[i:i + 1])  # (1, T, C)
+        finally:
+            del model.attn.score
+        return F.cross_entropy(logits[0], task.tags[i]).item()
+
+    with torch.no_grad():
+        numeric = (loss(1e-5) - loss(-1e-5)) / 2e-5
+    assert c.cue_grad[i].item() == pytest.approx(numeric, rel=1e-4, abs=1e-10)
+
+
+def test_fisher_exact_matches_known_tables():
+    from selfattn.book import measure
+
+    # Fisher's tea-tasting table: 3 of 4 against 1 of 4, two-sided p = 34/70
+    assert measure.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
+    assert measure.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
+    assert measure.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        measure.fisher_exact(11, 10, 0, 10)

@@ -259,3 +259,99 @@ def test_a_mask_of_any_rank_means_the_same_on_every_path(n_kv_heads, need_weight
         with switch():
             out, _ = layer(x, attn_mask=keep, need_weights=need_weights)
         torch.testing.assert_close(out, full)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_the_layer_is_h_single_head_attentions_on_slices_of_its_projections(n_kv_heads, device):
+    # Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), where
+    # W_i is the i-th block of head_dim rows of a projection (key/value block i // group for GQA)
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(24, 4, n_kv_heads=n_kv_heads, kdim=12, vdim=20,
+                                        out_dim=7).to(device).eval()
+    hd, group = layer.config.head_dim, layer.config.group_size
+    q = torch.randn(3, 2, 24, device=device)
+    k, v = torch.randn(3, 5, 12, device=device), torch.randn(3, 5, 20, device=device)
+    keep = torch.rand(3, 1, 2, 5, device=device) > 0.3  # (B, 1, L, S), some keys masked
+    keep[..., 0] = True
+
+    def block(proj, x, i):  # (B, T, hd): the i-th slice of the projection's output features
+        rows = slice(i * hd, (i + 1) * hd)
+        return x @ proj.weight[rows].T + proj.bias[rows]
+
+    outs = []
+    for i in range(layer.config.n_heads):
+        qi = block(layer.q_proj, q, i)
+        ki, vi = block(layer.k_proj, k, i // group), block(layer.v_proj, v, i // group)
+        outs.append(selfattn.scaled_dot_product_attention(qi, ki, vi, attn_mask=keep[:, 0])[0])
+    by_heads = layer.out_proj(torch.cat(outs, dim=-1))  # (B, L, out_dim)
+    out, _ = layer(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(by_heads, out)
+    wrong = layer.out_proj(torch.cat(outs[::-1], dim=-1))  # the heads concatenated out of order
+    assert not torch.allclose(wrong, out, atol=1e-4)
+
+
+def test_each_heads_scores_have_rank_at_most_head_dim():
+    # q_i k_i^T is (n, hd) @ (hd, n): rank <= hd, whatever n (Bhojanapalli et al. 2020)
+    torch.manual_seed(0)
+    n, d = 40, 32
+    x = torch.randn(1, n, d, dtype=torch.float64)
+    for h in [1, 2, 4, 8, 16]:
+        layer = selfattn.MultiHeadAttention(d, h).double()
+        q = selfattn.split_heads(layer.q_proj(x), h)  # (1, h, n, hd)
+        k = selfattn.split_heads(layer.k_proj(x), h)  # (1, h, n, hd)
+        ranks = torch.linalg.matrix_rank(q @ k.transpose(-1, -2))  # (1, h)
+        assert ranks.tolist() == [[min(n, d // h)] * h]
+
+
+def test_allocated_bytes_counts_the_spare_room_a_growing_cache_keeps():
+    from selfattn.multihead import allocated_bytes
+
+    cache = selfattn.KVCache(capacity=4)
+    assert allocated_bytes(cache) == 0 == cache.nbytes
+    token = torch.zeros(1, 2, 1, 8)  # one token, 2 key/value heads of 8
+    per_token = 2 * 2 * 8 * 4  # keys and values, float32
+    for n in range(1, 18):
+        cache.append(token, token)
+        capacity = next(c for c in (4, 8, 16, 32) if c >= n)  # doubled when full
+        assert cache.nbytes == n * per_token
+        assert allocated_bytes(cache) == capacity * per_token
+    assert allocated_bytes(cache) / cache.nbytes == 32 / 17  # just after a doubling: near 2x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("grad", [True, False])
+def test_fully_masked_query_gives_zero_in_every_dtype_and_mode(dtype, training, grad):
+    # chapter 8, pitfall 15: nn.MultiheadAttention's answer for a query that may attend to
+    # nothing depends on the path it takes (mode, autograd, need_weights); the layer's must not
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(16, 4).to(dtype).train(training)
+    x = torch.randn(1, 3, 16, dtype=dtype)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    with torch.set_grad_enabled(grad):
+        for need_weights in (True, False):
+            out, w = m(x, attn_mask=mask, need_weights=need_weights)
+            assert out.dtype == dtype and out.isfinite().all()
+            assert torch.equal(out[0, 1], m.out_proj.bias.detach())  # attention output zero
+            if need_weights:
+                assert (w[0, :, 1] == 0).all() and w.isfinite().all()
+            if grad and need_weights:  # and no NaN flows back from the masked row
+                out.float().sum().backward()
+                assert all(p.grad.isfinite().all() for p in m.parameters())
+                m.zero_grad()
+
+
+@pytest.mark.parametrize("n_heads, head_dim", [(1, 64), (4, 4), (4, None)])
+def test_attention_tagger_takes_a_head_width(n_heads, head_dim):
+    # chapter 6 separates the number of heads from their width with this argument
+    from selfattn.book import models
+
+    torch.manual_seed(0)
+    m = models.AttentionTagger(10, 121, d=32, n_heads=n_heads, head_dim=head_dim)
+    hd = 32 // n_heads if head_dim is None else head_dim
+    assert (m.attn.config.n_heads, m.attn.config.head_dim) == (n_heads, hd)
+    assert m.attn.q_proj.weight.shape == (n_heads * hd, 32)
+    assert m.attn.out_proj.weight.shape == (32, n_heads * hd)  # back to the model's width
+    logits, w = m(torch.randint(0, 10, (3, 7)), need_weights=True)
+    assert logits.shape == (3, 7, 121) and w.shape == (3, n_heads, 7, 7)

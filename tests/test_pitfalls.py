@@ -1,7 +1,8 @@
 """Guards against the pitfalls of chapter 8 that no other test file covers.
 
 Covered elsewhere: float 0/1 masks refused and the missing batch axis (test_bad_input.py);
-fully masked rows give zeros in fp32/fp16/bf16 (test_attention.py, pitfalls 6 and 15); rows of
+fully masked rows give zeros in fp32/fp16/bf16 (test_attention.py for the function, pitfall 6;
+test_multihead.py for the layer in every dtype and mode, pitfall 15); rows of
 weights sum to 1 and causal attention never looks ahead (test_properties.py); dropout only in
 training, chunks after a cache with the bottom-right causal mask, GQA equal to the expanded MHA
 (test_multihead.py, pitfalls 9, 13, 14); the scale and head layout match PyTorch (parity tests).
@@ -97,9 +98,18 @@ def test_float16_scores_of_large_entries_do_not_overflow():
     with torch.no_grad():
         for proj in (m.q_proj, m.k_proj, m.v_proj, m.out_proj):
             proj.weight.copy_(torch.eye(64))
-    x = (40 * torch.randn(1, 5, 64, generator=g).sign()).half()
-    for need_weights in (True, False):
-        assert m(x, need_weights=need_weights)[0].isfinite().all()
+    for size in (40, 100):
+        x = (size * torch.randn(1, 5, 64, generator=g).sign()).half()
+        for need_weights in (True, False):
+            assert m(x, need_weights=need_weights)[0].isfinite().all()
+    # scaling q first is not enough on its own: with entries of +-100, q . q / 8 = 80,000 is
+    # past float16's largest number too, so the scores must be formed in float32
+    big = (100 * torch.randn(2, 2, 5, 64, generator=g).sign()).half()
+    assert ((big / 8) @ big.transpose(-2, -1)).isinf().any()  # the premise
+    exact = torch.softmax((big.double() @ big.double().transpose(-2, -1)) / 8, -1) @ v.double()
+    out, w = selfattn.scaled_dot_product_attention(big, big, v)
+    assert out.isfinite().all() and w.isfinite().all()
+    torch.testing.assert_close(out.double(), exact, atol=2e-3, rtol=2e-3)
 
 
 def test_no_mask_is_handed_to_sdpa_when_none_is_needed(monkeypatch):
@@ -122,7 +132,9 @@ def test_no_mask_is_handed_to_sdpa_when_none_is_needed(monkeypatch):
         assert calls and all(mask is None and causal for mask, causal in calls)
         calls.clear()
         m(torch.randn(2, 1, 16), is_causal=True, kv_cache=cache)  # one decoding step
-    assert calls and all(mask is None for mask, _ in calls)
+    # no mask, and not is_causal either: PyTorch aligns is_causal to the top left, so one
+    # query against the cache's keys would see key 0 alone
+    assert calls and all(mask is None and not causal for mask, causal in calls)
 
 
 def test_left_padded_generation_gives_each_sentence_its_own_outputs():
@@ -145,11 +157,20 @@ def test_left_padded_generation_gives_each_sentence_its_own_outputs():
         alone, _ = m(short, is_causal=True, kv_cache=alone_cache)
         torch.testing.assert_close(out[0, n_pad:], alone[0])
         torch.testing.assert_close(out[1], m(long, is_causal=True)[0][0])
+        decoded = []
         for t in range(steps.shape[1]):
             keep = torch.cat([keep, torch.ones(2, 1, dtype=torch.bool)], 1)
             step, _ = m(steps[:, t : t + 1], attn_mask=keep[:, None, None, :], kv_cache=cache)
             alone_step, _ = m(steps[:1, t : t + 1], kv_cache=alone_cache)
             torch.testing.assert_close(step[0], alone_step[0])
+            decoded.append(step)
+        # and against one causal pass over each whole sentence, with no cache and no padding:
+        # a position rule the cache got wrong in both runs above would show here
+        decoded = torch.cat(decoded, 1)  # (2, steps, 16)
+        for i, sentence in enumerate((short, long)):
+            whole = torch.cat([sentence, steps[i : i + 1]], 1)  # (1, T + steps, 16)
+            once, _ = m(whole, is_causal=True)
+            torch.testing.assert_close(decoded[i], once[0, sentence.shape[1] :])
 
     # the two rules at once, with apply_rope directly: the new token two positions too far
     from selfattn.positional import apply_rope

@@ -133,3 +133,125 @@ def test_sinusoidal_encoding_matches_the_formula():
             assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle)).item(), abs=1e-5)
     with pytest.raises(ValueError, match="even"):
         sinusoidal_encoding(4, 7)
+
+
+def test_rope_halves_layout_is_the_neighbours_layout_on_reordered_features():
+    torch.manual_seed(3)
+    x = torch.randn(2, 7, 12, dtype=F64)  # (B, T, d)
+    positions = torch.arange(5, 12)
+    halves = apply_rope(x, positions, layout="halves")
+    # by hand: feature i pairs with i + d/2, turned by positions * theta_i
+    theta = 10000.0 ** (-torch.arange(0, 12, 2, dtype=F64) / 12)  # (6,)
+    angle = positions[:, None].to(F64) * theta  # (T, 6)
+    x1, x2 = x[..., :6], x[..., 6:]
+    want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1)
+    torch.testing.assert_close(halves, want)
+    order = torch.arange(12).view(2, 6).T.flatten()  # 0, 6, 1, 7, ...
+    torch.testing.assert_close(halves[..., order], apply_rope(x[..., order], positions))
+    assert not torch.allclose(halves, apply_rope(x, positions), atol=1e-3)  # not the same layout
+    # scores stay relative, and the default is the neighbours layout
+    q, k = apply_rope(x, layout="halves"), apply_rope(x.flip(0), layout="halves")
+    q2 = apply_rope(x, torch.arange(3, 10), layout="halves")
+    k2 = apply_rope(x.flip(0), torch.arange(3, 10), layout="halves")
+    torch.testing.assert_close(q @ k.transpose(-1, -2), q2 @ k2.transpose(-1, -2))
+    torch.testing.assert_close(apply_rope(x), apply_rope(x, layout="neighbours"))
+    with pytest.raises(ValueError, match="layout"):
+        apply_rope(x, layout="interleaved")
+    with pytest.raises(ValueError, match="even"):
+        apply_rope(torch.randn(2, 3, 5), layout="halves")
+
+
+def test_cue_weights_splits_the_weight_by_what_the_keys_hold():
+    from selfattn.book.measure import cue_weights
+
+    # one sequence: cue 1 at 0, cue 2 at 1, fillers, cue 3 at 5; queries 6 and 7
+    tokens = torch.tensor([[1, 2, 9, 9, 9, 3, 9, 9]])
+    w = torch.zeros(1, 2, 8, 8)
+    for q in range(8):
+        w[0, :, q, : q + 1] = 1 / (q + 1)  # uniform over the past, in both heads
+    w[0, 1, 6:] = 0
+    w[0, 1, 6:, 0] = 1  # head 1: everything on the oldest cue
+    out = cue_weights(w, tokens, n_cues=4, beyond=5, first_query=6)
+    # query 6 sees keys 0, 1 at offsets 6, 5 (old cues); query 7 keys 0..2 (two cues, a filler)
+    # head 0: latest cue (position 5) gets 1/7 and 1/8; head 1: 0
+    assert out["latest cue"] == pytest.approx((1 / 7 + 1 / 8) / 2 / 2)
+    old = ((2 / 7 + 1) + (2 / 8 + 1)) / 2 / 2  # both heads, mean over the two queries
+    assert out["old cues beyond"] == pytest.approx(old)
+    assert out["fillers beyond"] == pytest.approx((0 + 1 / 8 / 2) / 2)
+    per_cue, per_filler = old / 2, (1 / 16) / 2 / 0.5
+    assert out["cue / filler, per key"] == pytest.approx(per_cue / per_filler)
+    with pytest.raises(ValueError, match="must match"):
+        cue_weights(w, tokens[:, :5], n_cues=4, beyond=5)
+
+
+def test_interpolate_positions_divides_rope_positions():
+    from selfattn.positional import interpolate_positions
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 12, 8, generator=g, dtype=torch.float64)
+    plain = apply_rope(x)
+    with interpolate_positions(4):
+        squeezed = apply_rope(x)
+        layer = selfattn.MultiHeadAttention(d_model=16, n_heads=2, rope=True)
+    # every 4th position now has the angle of position 0, 1, 2: rotate x by p / 4 by hand
+    assert torch.allclose(squeezed[:, ::4], apply_rope(x[:, ::4]))
+    assert not torch.allclose(squeezed, plain)
+    assert torch.equal(apply_rope(x), plain)  # restored after the block
+    # MultiHeadAttention's rotation follows the setting too
+    h = torch.randn(1, 8, 16, generator=g)
+    out, _ = layer(h)
+    with interpolate_positions(4):
+        inside, _ = layer(h)
+    assert not torch.allclose(out, inside)
+    with interpolate_positions(1):
+        same, _ = layer(h)
+    assert torch.equal(out, same)
+    with pytest.raises(ValueError, match="positive"):
+        with interpolate_positions(0):
+            pass
+
+
+def test_cue_masks_hide_what_they_name():
+    from selfattn.book.measure import cue_masks
+
+    tokens = torch.tensor([[1, 9, 2, 9, 9, 3, 9, 9]])  # cues at 0, 2, 5
+    m = cue_masks(tokens, n_cues=4, beyond=5)
+    assert set(m) == {"band", "hide far old cues", "hide far fillers"}
+    for mask in m.values():
+        assert mask.shape == (1, 8, 8) and not mask[0].triu(1).any()  # causal
+    # query 7: keys 0..2 are 5 or more back: cue 1 (0), a filler (1), cue 2 (2); latest is 5
+    assert m["band"][0, 7].tolist() == [False] * 3 + [True] * 5
+    assert m["hide far old cues"][0, 7].tolist() == [False, True, False] + [True] * 5
+    assert m["hide far fillers"][0, 7].tolist() == [True, False, True] + [True] * 5
+    # query 4: its latest cue (2) is never hidden; key 0 is 4 back, not far
+    assert m["hide far old cues"][0, 4, :5].all()
+    # query 6, latest cue 5: key 0 (cue 1, 6 back) is hidden, key 1 (filler) is not
+    assert m["hide far old cues"][0, 6, :2].tolist() == [False, True]
+
+
+def test_old_cue_ratio_by_offset():
+    from selfattn.book.measure import old_cue_ratio_by_offset
+
+    tokens = torch.tensor([[1, 9, 2, 9, 9, 3, 9, 9]])  # cues at 0, 2, 5
+    w = torch.zeros(1, 2, 8, 8)
+    for q in range(8):
+        w[0, :, q, : q + 1] = torch.arange(1, q + 2, dtype=torch.float) / 100  # grows to q
+    out = old_cue_ratio_by_offset(w, tokens, n_cues=4, bin_width=4, first_query=6)
+    # queries 6, 7 (latest cue 5, weight 6/100): old cues 2 and 0 at offsets 4, 6 and 5, 7
+    assert out.shape == (2,) and out[0].isnan()  # no old cue fewer than 4 back
+    ratios = torch.tensor([3 / 6, 1 / 6, 3 / 6, 1 / 6])
+    assert out[1].item() == pytest.approx(ratios.median().item())
+    with pytest.raises(ValueError, match="must match"):
+        old_cue_ratio_by_offset(w, tokens[:, :5], n_cues=4, bin_width=4)
+
+
+def test_order_blind_by_position_averages_to_the_ceiling():
+    from selfattn.book import data
+    from selfattn.book.measure import order_blind_by_position
+
+    task = data.recent_cue_task(50, seq_len=40, seed=0)
+    p = order_blind_by_position(task.tokens, task.n_tags - 1)
+    assert p.shape == task.tokens.shape
+    assert p.mean().item() == pytest.approx(data.order_blind_accuracy(task))
+    assert torch.equal(order_blind_by_position(torch.tensor([[9, 1, 9, 2, 9]]), 4),
+                       torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.5]]))

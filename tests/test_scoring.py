@@ -123,3 +123,44 @@ def test_no_overflow_where_pytorchs_fused_kernel_stays_finite(magnitude, dtype, 
     if expected.isfinite().all():
         assert out.isfinite().all() and weights.isfinite().all()
         torch.testing.assert_close(out, expected, atol=0.05 * magnitude, rtol=0.05)
+
+
+def test_general_score_is_q_w_k_for_every_pair_and_bridges_two_widths():
+    scorer = scoring.GeneralScorer(query_dim=6, key_dim=3).double()
+    assert scorer.weight.shape == (6, 3)
+    q, k = torch.randn(2, 4, 6, dtype=F64), torch.randn(2, 7, 3, dtype=F64)
+    v = torch.randn(2, 7, 5, dtype=F64)
+    got = scorer(q, k)
+    assert got.shape == (2, 4, 7)
+    for b in range(2):
+        for i in range(4):
+            for j in range(7):
+                torch.testing.assert_close(got[b, i, j], q[b, i] @ scorer.weight @ k[b, j])
+    out, w = scoring.attention(q, k, v, scorer=scorer, is_causal=True)
+    assert out.shape == (2, 4, 5) and (w.triu(1) == 0).all()
+    with pytest.raises(ValueError, match=r"key must have 3 features, got shape \(2, 7, 4\)"):
+        scorer(q, torch.randn(2, 7, 4, dtype=F64))
+
+
+def test_general_score_with_the_identity_is_the_dot_product():
+    scorer = scoring.GeneralScorer(5, 5).double()
+    with torch.no_grad():
+        scorer.weight.copy_(torch.eye(5))
+    q, k = torch.randn(3, 5, dtype=F64), torch.randn(4, 5, dtype=F64)
+    torch.testing.assert_close(scorer(q, k), scoring.dot_scores(q, k))
+
+
+def test_general_score_multiplies_half_precision_in_float32():
+    scorer = scoring.GeneralScorer(4, 3)  # float32 weight
+    q = torch.randn(2, 4).half()
+    k = torch.randn(5, 3).half()
+    got = scorer(q, k)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, q.float() @ scorer.weight @ k.float().T)
+
+
+def test_additive_scorer_names_a_dtype_mismatch():
+    scorer = scoring.AdditiveScorer(4, 4, hidden=3)  # float32 parameters
+    x = torch.randn(5, 4, dtype=F64)
+    with pytest.raises(TypeError, match=r"query and key have dtype torch.float64"):
+        scorer(x, x)

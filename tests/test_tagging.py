@@ -309,3 +309,123 @@ def test_the_order_blind_ceiling_reads_the_cues_from_the_task():
     assert data.order_blind_accuracy(task) == pytest.approx((4 + 2 / 3) / 5)
     six = data.recent_cue_task(200, n_cues=6, seed=1)
     assert six.n_tags == 7 and data.order_blind_accuracy(six) < 0.75
+
+
+def test_the_causal_average_sees_only_the_words_up_to_each_one():
+    torch.manual_seed(0)
+    causal, mean = models.CausalMeanTagger(20, 6), models.MeanPoolTagger(20, 6)
+    assert models.count_parameters(causal) == models.count_parameters(mean)
+    causal.load_state_dict(mean.state_dict())  # the same weights: only the average differs
+    tokens = torch.randint(0, 20, (2, 9))
+    later = tokens.clone()
+    later[:, 5] = (later[:, 5] + 1) % 20  # change one word in the middle
+    a, b = causal(tokens), causal(later)
+    assert torch.equal(a[:, :5], b[:, :5])  # the words before it cannot see the change
+    assert not torch.allclose(a[:, 5:], b[:, 5:])  # the word itself and those after it do
+    # at the last position the causal average is the whole sentence's average
+    assert torch.allclose(causal(tokens)[:, -1], mean(tokens)[:, -1], atol=1e-6)
+
+
+def test_gradient_by_distance_is_the_norm_of_each_jacobian_block():
+    from selfattn.book import measure
+
+    torch.manual_seed(0)
+    T, d = 7, 3
+    mix = torch.randn(T, T)  # y_t = sum_s mix[t, s] * x_s @ W: block (t, s) is mix[t, s] * W^T
+    W = torch.randn(d, 5)
+
+    def layer(x):
+        return torch.einsum("ts,bsd->btd", mix, x) @ W  # (B, T, 5)
+
+    got = measure.gradient_by_distance(layer, torch.randn(1, T, d), t=4)
+    assert torch.allclose(got, mix[4].abs() * W.norm(), rtol=1e-5)
+    # a GRU at its default initialisation: the gradient from far back is far smaller
+    gru = torch.nn.GRU(d, d, batch_first=True)
+    far = measure.gradient_by_distance(lambda x: gru(x)[0], torch.randn(1, 40, d), t=39)
+    assert far[0] < 1e-3 * far[38]
+
+
+def test_cue_report_measures_the_gradient_at_the_scores():
+    from selfattn.book import measure
+
+    torch.manual_seed(0)
+    task = data.tagging_task(200, seq_len=12, seed=0)
+    model = models.AttentionTagger(task.vocab_size, task.n_tags, d=16, n_heads=2)
+    tokens = task.tokens[:8]
+    bias = torch.zeros(8, 2, 12, 12, requires_grad=True)
+    with_bias, w = model(tokens, need_weights=True, score_bias=bias)
+    assert torch.allclose(with_bias, model(tokens), atol=1e-6)  # a zero bias changes nothing
+    loss = torch.nn.functional.cross_entropy(with_bias.flatten(0, 1), task.tags[:8].flatten())
+    (ds,) = torch.autograd.grad(loss, bias)
+    # before the softmax: moving every score of a row together changes nothing, so each row of
+    # dL/ds sums to 0 (a bias added after the softmax would not)
+    assert ds.abs().max() > 0 and torch.allclose(ds.sum(-1), torch.zeros(8, 2, 12), atol=1e-7)
+    a = w.detach()
+    r = measure.cue_report(model, task)
+    right = train.ambiguous_correct(model, task)
+    cue = task.tokens[torch.arange(len(task)), task.cue_position]
+    for c in range(1, task.n_cues + 1):
+        assert r.accuracy[c - 1] == pytest.approx(right[cue == c].float().mean().item())
+    assert ((r.weight >= 0) & (r.weight <= 1)).all() and (r.score_grad >= 0).all()
+    assert (r.loss > 0).all() and r.decoy_weight == 0.0  # this task has no decoys
+    assert a.shape == (8, 2, 12, 12)
+
+
+def test_seed_rows_fit_the_page_for_ten_seeds():
+    from selfattn.book import measure
+
+    arms = {"window (w=3)": [0.2] * 10, "CNN (2 x width 5)": [0.25] * 10,
+            "mean-pool": [1.0] * 10, "self-attention": [1.0] * 9 + [0.5]}
+    table = measure.seed_rows(arms, range(100, 110))
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 86
+    assert lines[2].startswith("100") and lines[-2].split()[-1] == "95.0%"
+    assert lines[-1].split()[-1] == "50.0%..100.0%"
+    with pytest.raises(ValueError, match="one value per seed"):
+        measure.seed_rows({"a": [1.0]}, range(2))
+
+
+def test_seed_table_puts_ten_seeds_under_their_arm_to_fit_the_page():
+    table = train.seed_table({"attention, two heads": [1.0] * 9 + [0.5], "short": [0.5, 0.75]})
+    lines = table.splitlines()
+    assert all(len(line) <= 86 for line in lines), table
+    at = lines.index(next(line for line in lines if line.startswith("attention, two heads")))
+    assert "95.0% (50.0%..100.0%)" in lines[at]
+    assert lines[at + 1].split() == ["100.0%"] * 9 + ["50.0%"]  # every seed, on the next line
+    assert lines[-1].startswith("short") and lines[-1].endswith("50.0% 75.0%")  # fits: one line
+
+
+def test_seed_rows_never_print_minus_zero_and_fit_wide_seeds():
+    from selfattn.book import measure
+
+    table = measure.seed_rows({"gap": [-0.004] * 9 + [0.5]}, range(99995, 100005), fmt="{:.0%}")
+    lines = table.splitlines()
+    assert "-0%" not in table and lines[2].split() == ["99995", "0%"]
+    assert len({line.index("%") for line in lines[2:-1]}) == 1  # one column, aligned
+    assert lines[-1].split() == ["span", "0%..50%"]
+
+
+def test_default_sense_removes_the_cue_and_reads_the_fallback():
+    from selfattn.book import measure
+
+    task = data.tagging_task(64, seq_len=12, seed=0)
+
+    class Eliminator(torch.nn.Module):
+        """Tags 'saw' with the sense of any cue it sees, else sense 2: elimination of cue 3."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            logits = torch.zeros(*tokens.shape, task.n_tags)  # (N, T, C)
+            seen = [(tokens == c).any(1) for c in range(1, task.n_cues + 1)]  # each (N,)
+            sense = torch.full((len(tokens),), 2)
+            for c, s in enumerate(seen):
+                sense = torch.where(s & (c != 2), c, sense)
+            logits[torch.arange(len(tokens)), :, sense] = 1.0
+            return logits
+
+    share = measure.default_sense(Eliminator(), task)
+    assert share.shape == (task.n_cues,) and share.tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert (task.tokens[torch.arange(64), task.cue_position] >= 1).all()  # task left as it was

@@ -110,9 +110,10 @@ def _recorded(x: Tensor) -> bool:
 def _weights_and_output(scores: Tensor, value: Tensor, *, attn_mask: Tensor | None,
                         is_causal: bool, dropout_p: float,
                         inplace: bool = False) -> tuple[Tensor, Tensor]:
-    """The second half of attention, for any scores: the masked softmax, dropout, then the
-    weighted sum of the values. Returns ``(weights @ value, weights)``."""
-    weights = _masked_softmax(scores, attn_mask, is_causal, inplace=inplace)  # (..., L, S)
+    """The second half of attention, for any scores: the masked softmax, dropout,
+    then the weighted sum of the values. Returns ``(weights @ value, weights)``."""
+    weights = _masked_softmax(scores, attn_mask, is_causal,
+                              inplace=inplace)  # (..., L, S)
     weights = weights.to(value.dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
@@ -131,12 +132,14 @@ def attend(
 ) -> tuple[Tensor, Tensor]:
     """:func:`scaled_dot_product_attention` without checking its inputs."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    # The scale goes on q (L x E numbers, fewer than the L x S scores), and
-    # half-precision inputs are multiplied in float32: a float16 product of large
-    # entries can overflow.
+    # The scale goes on q, L x E numbers (fewer than the L x S scores when there
+    # are more keys than the head is wide), and half-precision inputs are multiplied
+    # in float32: a float16 product of large entries can overflow.
     dtype = torch.promote_types(query.dtype, torch.float32)
-    scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., L, S)
-    return _weights_and_output(scores, value, attn_mask=attn_mask, is_causal=is_causal,
+    q, k = query.to(dtype) * scale, key.to(dtype)
+    scores = q @ k.transpose(-2, -1)  # (..., L, S)
+    return _weights_and_output(scores, value, attn_mask=attn_mask,
+                               is_causal=is_causal,
                                dropout_p=dropout_p)  # (..., L, Ev), (..., L, S)
 
 

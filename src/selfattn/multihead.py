@@ -352,3 +352,16 @@ def _and(mask: Tensor | None, keep: Tensor) -> Tensor:
     if mask.dtype == torch.bool:
         return mask & keep
     return mask.masked_fill(~keep, float("-inf"))
+
+
+def allocated_bytes(cache: KVCache) -> int:
+    """The bytes ``cache`` has allocated for its keys and values: what it holds
+    (:attr:`KVCache.nbytes`) plus the spare room it keeps so that an append rarely copies.
+
+    Doubling the buffer when it is full makes an append cost amortised constant work, and leaves up
+    to half of the allocation unused: just after a doubling the cache holds little more than half
+    of what it allocated.
+    """
+    if cache._k is None or cache._v is None:
+        return 0
+    return cache._k.untyped_storage().nbytes() + cache._v.untyped_storage().nbytes()

@@ -9,7 +9,9 @@ r"""Positional encodings: how attention learns where a token is.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +57,11 @@ class LearnedPositionalEmbedding(nn.Module):
         return self.table.weight[:n_positions]  # (T, d)
 
 
-def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+ROPE_LAYOUTS = ("neighbours", "halves")
+
+
+def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0,
+               *, layout: str = "neighbours") -> Tensor:
     r"""Rotary position embedding (RoPE, Su et al. 2021, §3.2) of queries or keys ``(..., T, d)``.
 
     Each pair of features $(x_{2i}, x_{2i+1})$ at position $m$ is rotated by the angle
@@ -63,7 +69,26 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
     $\langle R_m q, R_n k \rangle$ depends on $m - n$ only: the score sees relative position.
     ``positions``: one integer position per token, a ``(T,)`` tensor on ``x``'s device; it
     defaults to ``0 .. T-1`` (pass an offset range when decoding with a cache).
+
+    ``layout`` says which features form a pair. ``"neighbours"`` (the default, as in the RoFormer
+    paper and GPT-J): $(x_{2i}, x_{2i+1})$. ``"halves"`` (the ``rotate_half`` of LLaMA's and
+    GPT-NeoX's code): $(x_i, x_{i + d/2})$, with the same $\theta_i$. Both are RoPE, the same
+    rotation of a permuted vector; a pretrained checkpoint works only with the layout it was
+    trained with.
     """
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(f"layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
+    if layout == "halves":
+        x = check_tensor(x, "x", min_rank=2)
+        if x.shape[-1] % 2:
+            raise ValueError(f"RoPE rotates pairs of features: the last dimension must be even, "
+                             f"got shape {tuple(x.shape)}")
+        half = x.shape[-1] // 2
+        # (..., T, d): feature i and i + d/2 side by side, as neighbours 2i and 2i + 1
+        paired = torch.stack([x[..., :half], x[..., half:]], dim=-1).flatten(-2)
+        rotated = apply_rope(paired, positions, base)  # (..., T, d), neighbours layout
+        # (..., T, d/2, 2) -> back to halves: the even features first, then the odd ones
+        return torch.cat([rotated[..., 0::2], rotated[..., 1::2]], dim=-1)
     x = check_tensor(x, "x", min_rank=2)
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE rotates pairs of features: the last dimension must be even, "
@@ -85,13 +110,34 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
     return _apply_rope(x, positions, base)
 
 
+_position_divisor = 1.0  # set by interpolate_positions
+
+
+@contextlib.contextmanager
+def interpolate_positions(factor: float) -> Iterator[None]:
+    """Position interpolation (Chen et al. 2023): inside this block, RoPE divides every position
+    by ``factor`` before it turns the pairs, so a sequence ``factor`` times longer than the
+    training length meets only the angles of trained offsets (now at fractional positions). It
+    applies to :func:`apply_rope` and to every ``MultiHeadAttention(..., rope=True)``; no
+    weights change. Not thread-safe: the setting is global while the block runs.
+    """
+    global _position_divisor
+    if not (isinstance(factor, (int, float)) and factor > 0):
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    previous, _position_divisor = _position_divisor, float(factor)
+    try:
+        yield
+    finally:
+        _position_divisor = previous
+
+
 def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     """:func:`apply_rope` without checking its inputs (``MultiHeadAttention`` checked its sizes
     when it was built)."""
     d = x.shape[-1]
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in fp32 at least, fp64 if given
     theta = base ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
-    angles = positions.to(dtype)[:, None] * theta  # (T, d/2)
+    angles = (positions.to(dtype) / _position_divisor)[:, None] * theta  # (T, d/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2) each
     out = torch.empty_like(x)

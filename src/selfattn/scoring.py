@@ -2,11 +2,13 @@ r"""Scoring functions: how relevant is key $k$ to query $q$?
 
 * dot product: $s(q, k) = q \cdot k$;
 * scaled dot product (Vaswani et al. 2017, §3.2.1): $s(q, k) = q \cdot k / \sqrt{d_k}$;
-* additive (Bahdanau et al. 2015, §3.1 and appendix A.1.2): $s(q, k) = w^\top \tanh(W_q q + W_k k)$.
+* additive (Bahdanau et al. 2015, §3.1 and appendix A.1.2): $s(q, k) = w^\top \tanh(W_q q + W_k k)$;
+* general (Luong et al. 2015, §3.1): $s(q, k) = q^\top W k$.
 
 A scorer maps ``query (..., L, Eq)`` and ``key (..., S, Ek)`` to scores ``(..., L, S)``;
 :func:`attention` turns any scorer's scores into weights with the library's masked softmax.
-The dot products need ``Eq == Ek``; the additive scorer projects both sides, so it does not.
+The dot products need ``Eq == Ek``; the additive and general scorers hold learned matrices that
+bridge the two widths, so they do not.
 """
 
 from __future__ import annotations
@@ -75,9 +77,38 @@ class AdditiveScorer(nn.Module):
                                ("key", key, self.w_k.in_features)]:
             if x.shape[-1] != width:
                 raise ValueError(f"{name} must have {width} features, got shape {tuple(x.shape)}")
+        if query.dtype != self.w_q.weight.dtype:
+            raise TypeError(f"query and key have dtype {query.dtype}, the scorer's parameters "
+                            f"{self.w_q.weight.dtype}; convert one (scorer.to(dtype))")
         hq = self.w_q(query).unsqueeze(-2)  # (..., L, 1, h)
         hk = self.w_k(key).unsqueeze(-3)  # (..., 1, S, h)
         return self.w(torch.tanh(hq + hk)).squeeze(-1)  # (..., L, S, h) -> (..., L, S)
+
+
+class GeneralScorer(nn.Module):
+    r"""Luong et al.'s "general" score $s(q, k) = q^\top W k$ (Luong et al. 2015, §3.1): a dot
+    product through a learned matrix ``weight`` of shape ``(query_dim, key_dim)``, so queries and
+    keys may have different widths. ``(..., L, Eq), (..., S, Ek) -> (..., L, S)``; nothing is built
+    per pair. Half-precision inputs are multiplied in float32, as in :func:`dot_scores`.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int) -> None:
+        super().__init__()
+        q_dim = check_positive_int(query_dim, "query_dim")
+        k_dim = check_positive_int(key_dim, "key_dim")
+        self.weight = nn.Parameter(torch.randn(q_dim, k_dim) / math.sqrt(q_dim))
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        _check_pair(query, key, same_width=False)
+        for name, x, width in [("query", query, self.weight.shape[0]),
+                               ("key", key, self.weight.shape[1])]:
+            if x.shape[-1] != width:
+                raise ValueError(f"{name} must have {width} features, got shape {tuple(x.shape)}")
+        # half precision is multiplied in float32, as in dot_scores; float64 stays float64
+        dtype = torch.promote_types(torch.promote_types(query.dtype, torch.float32),
+                                    self.weight.dtype)
+        q, w, k = query.to(dtype), self.weight.to(dtype), key.to(dtype)
+        return (q @ w) @ k.transpose(-2, -1)  # (..., L, Ek) -> (..., L, S)
 
 
 def attention(

@@ -121,7 +121,8 @@ def _shape(*dims: int) -> str:
 
 def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")) -> Diagram:
     r"""How self-attention computes the first output $b^1$ from the inputs $a^1 \dots a^n$
-    (one input per token, at most 6): $q^1 = W^q a^1$; $k^i = W^k a^i$, $v^i = W^v a^i$;
+    (one input per token, at most 6), vectors as rows as in the code (``a @ W``):
+    $q^1 = a^1 W^q$; $k^i = a^i W^k$, $v^i = a^i W^v$;
     $\alpha_{1,i} = q^1 \cdot k^i / \sqrt{d_k}$; $\alpha'_{1,i} = \operatorname{softmax}_i$;
     $b^1 = \sum_i \alpha'_{1,i} v^i$ (Vaswani et al. 2017, §3.2.1)."""
     if isinstance(tokens, str):
@@ -141,7 +142,7 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     y_tok, y_a, y_kv, y_bus, y_s, y_soft, y_w, y_b = 0.2, 0.55, 1.35, 1.8, 2.2, 2.7, 3.2, 3.85
     bh, bw, vw = 0.3, min(0.45, 0.45 * cw), min(0.4, 0.33 * cw)  # widths: key and scores, value
     fig, ax = _canvas(W, H)
-    for y, caption in [(y_a, "inputs $a^i$"), (y_kv, "$q^1 = W^q a^1$\n$k^i = W^k a^i$, $v^i = W^v a^i$"),
+    for y, caption in [(y_a, "inputs $a^i$"), (y_kv, "$q^1 = a^1 W^q$\n$k^i = a^i W^k$, $v^i = a^i W^v$"),
                        (y_s, r"scores $\alpha_{1,i}$" "\n" r"$= q^1\cdot k^i / \sqrt{d_k}$"),
                        (y_soft, "softmax over $i$"), (y_w, r"weights $\alpha'_{1,i}$, times $v^i$"),
                        (y_b, "output")]:
@@ -151,9 +152,10 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     xv = [x + 0.28 * cw for x in xc]  # its value, going up to the product
     x_b = max(x0 + n * cw / 2, x0 + 0.95)  # the output, over the middle of the tokens
     top = bh / 2
-    # the softmax couples every score: one band across all of them (the values pass over it)
+    # the softmax couples every score: one band across all of them (the values pass over it,
+    # through a gap at each value, so they do not read as going through the softmax)
     _box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
-         fill="#eeeeee")
+         fill="#eeeeee", gid="softmax band")
     _box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
     _arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
     ax.plot([x_q, x_q, xk[-1] - 0.08], [y_kv + top, y_bus, y_bus], color=Q, lw=1.2)
@@ -169,6 +171,8 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
         _arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
         _arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
         _box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
+        ax.plot([v, v], [y_soft - 0.13, y_soft + 0.13], color="white", lw=6, zorder=2.9,
+                gid="gap")  # the gap in the softmax band where v^i crosses it
         ax.plot([v, v], [y_kv + top, y_w - 0.09], color=V, lw=1.2, zorder=3)  # v^i up to the product
         ax.add_patch(Circle((v, y_w), 0.09, facecolor="white", edgecolor=INK, lw=1, zorder=3))
         _text(ax, v, y_w, "×", ha="center", zorder=4)
@@ -250,17 +254,23 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
 # chapter 6
 
 
-def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int = 5) -> Diagram:
+def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int = 5,
+               S: int | None = None) -> Diagram:
     r"""``MultiHeadAttention.forward`` as a picture, every shape from ``layer``'s config: project
     (``q_proj``, ``k_proj``, ``v_proj``), ``split_heads``, attend per head, ``merge_heads``
     (concatenate), ``out_proj`` ($W^O$) (Vaswani et al. 2017, §3.2.2). With fewer key/value heads
-    than query heads (GQA, MQA), query head $i$ reads key/value head $i // (h / h_{kv})$."""
+    than query heads (GQA, MQA), query head $i$ reads key/value head $i // (h / h_{kv})$.
+
+    ``T`` queries attend to ``S`` keys and values (``S`` defaults to ``T``: self-attention); each
+    head's scores are ``(T, S)``."""
     cfg = layer.config if isinstance(layer, MultiHeadAttention) else layer
     if not isinstance(cfg, AttentionConfig):
         raise TypeError(f"layer must be a MultiHeadAttention or an AttentionConfig, got "
                         f"{type(layer).__name__}")
     check_positive_int(B, "B", most=10**6)
     check_positive_int(T, "T", most=10**6)
+    S = T if S is None else S
+    check_positive_int(S, "S", most=10**6)
     h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
     check_positive_int(h, "n_heads", most=16)
     W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
@@ -269,20 +279,21 @@ def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int =
     y3, y4 = y2 - 0.22 - 0.8, y2 - 0.22 - 1.55  # merged heads, out_proj
     left, span = 0.15, 3.6  # the heads' row, under the three lanes
     c = left + span / 2
-    lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h), "k": (c, K, "key", cfg.kdim, h_kv),
-             "v": (c + 1.2, V, "value", cfg.vdim, h_kv)}
+    lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h, T), "k": (c, K, "key", cfg.kdim, h_kv, S),
+             "v": (c + 1.2, V, "value", cfg.vdim, h_kv, S)}  # name: x, colour, input, width, heads, length
     fig, ax = _canvas(W, H)
     pitch = span / h
     xh = [left + pitch * (i + 0.5) for i in range(h)]
     hw, size = min(0.4, 0.85 * pitch), 8 if h <= 8 else 7
     ax.add_patch(FancyBboxPatch((left, y2 - 0.38), span, 0.76, boxstyle="round,pad=0,rounding_size=0.06",
                                 facecolor="#f3f3f3", edgecolor="none"))
-    for name, (x, color, label, width, n) in lanes.items():
-        _box(ax, x, y0, lw, bh, f"{label}\n{_shape(B, T, width)}", GREY, size=8.5, family=MONO)
+    for name, (x, color, label, width, n, length) in lanes.items():
+        _box(ax, x, y0, lw, bh, f"{label}\n{_shape(B, length, width)}", GREY, size=8.5, family=MONO)
         _arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
-        _box(ax, x, y1, lw, bh, f"{name}_proj\n{_shape(B, T, n * hd)}", color, size=8.5, family=MONO)
+        _box(ax, x, y1, lw, bh, f"{name}_proj\n{_shape(B, length, n * hd)}", color, size=8.5,
+             family=MONO)
         _arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
-        _text(ax, x, y2 + 0.62, _shape(B, n, T, hd), size=8.5, family=MONO, ha="center",
+        _text(ax, x, y2 + 0.62, _shape(B, n, length, hd), size=8.5, family=MONO, ha="center",
               bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
         row = {"q": 0.22, "k": 0.0, "v": -0.22}[name]
         for i, x_i in enumerate(xh):  # head i gets query head i and key/value head i // g
@@ -298,12 +309,13 @@ def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int =
     _arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
     _box(ax, c, y4, lw, bh, f"out_proj\n{_shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
     mono = {"size": 8, "family": MONO}
+    kv = "n_kv_heads" if h_kv != h else "n_heads"  # chapter 7's name only where it differs
     notes = [  # beside each step: its name in the code, then its output's shape in the code's names
-        (y0, "inputs", "query (B, T, d_model)\nkey (B, T, kdim), value (B, T, vdim)", mono),
+        (y0, "inputs", "query (B, T, d_model)\nkey (B, S, kdim), value (B, S, vdim)", mono),
         (y1, "q_proj, k_proj, v_proj",
-         "q: (B, T, n_heads·head_dim)\nk, v: (B, T, n_kv_heads·head_dim)", mono),
+         f"q: (B, T, n_heads·head_dim)\nk, v: (B, S, {kv}·head_dim)", mono),
         (y2 + 0.6, "split_heads" + (", apply_rope" if cfg.rope else ""),
-         "q: (B, n_heads, T, head_dim)\nk, v: (B, n_kv_heads, T, head_dim)", mono),
+         f"q: (B, n_heads, T, head_dim)\nk, v: (B, {kv}, S, head_dim)", mono),
         (y2 - 0.05, "attend, per head", rf"softmax$(q k^\top / \sqrt{{{hd}}})\, v$", {"size": 10}),
         (y3, "merge_heads (concatenate)", "(B, T, n_heads·head_dim)", mono),
         (y4, "out_proj", "(B, T, out_dim)", mono),
@@ -312,15 +324,19 @@ def multi_head(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int =
         _text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
         _text(ax, 4.25, y + 0.01, shapes, va="top", **style)
     _text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
+    _text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {_shape(B, h, T, S)}",
+          va="top", **mono)
     if g > 1:
-        _text(ax, 4.25, y2 - 0.3, f"head i reads k, v head i // {g}", va="top", **mono)
-    _text(ax, 0.15, 0.15, f"B={B}, T={T}, d_model={cfg.d_model}, n_heads={h}, n_kv_heads={h_kv}, "
-          f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}", size=8, color=GREY,
-          family=MONO)
+        _text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {g}", va="top", **mono)
+    sizes = (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
+             f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
+             f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
+    _text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
     kind = "" if h_kv == h else f", {h_kv} key/value heads"
     return Diagram(fig, f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the "
                         f"query {_shape(B, T, cfg.d_model)} to {_shape(B, T, h * hd)}, split_heads "
-                        f"makes it {_shape(B, h, T, hd)}, each head attends on its own, merge_heads "
+                        f"makes it {_shape(B, h, T, hd)}, each head attends on its own (scores "
+                        f"{_shape(B, h, T, S)} from {S} keys), merge_heads "
                         f"concatenates the heads back to {_shape(B, T, h * hd)} and out_proj (W^O) "
                         f"gives {_shape(B, T, cfg.out_dim)}.")
 
@@ -467,11 +483,13 @@ def rope_rotation(position: int = 3, theta: float = 1.0, x: tuple[float, float] 
 
 def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: bool = True,
                          query_block: int | None = None) -> Diagram:
-    r"""The ``(L, S)`` score matrix as FlashAttention computes it (Dao et al. 2022, §3.1): in tiles
+    r"""The ``(L, S)`` score matrix as FlashAttention-2 computes it (Dao 2023, §3.1): in tiles
     of ``block_size`` queries by ``block_size`` keys, skipping the tiles a causal mask
     (:func:`~selfattn.masks.causal_mask`, top-left aligned) hides entirely. One query block walks
-    its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax), so
-    the full matrix is never stored. ``query_block`` defaults to the middle one."""
+    its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax) and
+    the unnormalised output ``acc``, divided by $l$ once at the end (the names of
+    :func:`selfattn.tiled.tiled_forward`), so the full matrix is never
+    stored. ``query_block`` defaults to the middle one."""
     check_positive_int(L, "L", most=10**7)
     check_positive_int(S, "S", most=10**7)
     check_positive_int(block_size, "block_size")
@@ -487,7 +505,7 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
     if max(t_h, t_w) < 2 * min(t_h, t_w):  # square tiles, unless the matrix is very long or wide
         t_h = t_w = min(t_h, t_w)
     grid_h = L / block_size * t_h
-    W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.0)
+    W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.7)  # room for the text column beside the grid
     fig, ax = _canvas(W, H)
     x0, y_top = 0.45, min(H - 0.45, H - 0.8 + grid_h / 2)  # room for the rotated label beside it
     skipped = 0
@@ -517,7 +535,7 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
     _arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
            OUT, lw=1.8)
     if t_h >= 0.3 and (last + 1) * t_w >= 0.45:  # room for a label over the arrow
-        _text(ax, x0 + 0.08, y_row + 0.04, "m, l", size=8.5, color=OUT, va="bottom")
+        _text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
     x_t = x0 + nk * t_w + 0.35
     rows = f"{qb * block_size}–{min((qb + 1) * block_size, L) - 1}"
     lines = [(f"block_size = {block_size}: {nq} × {nk} tiles", {})]
@@ -525,14 +543,95 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
         lines.append((f"grey: hidden by the causal mask;\n{skipped} of {nq * nk} tiles skipped", {}))
     lines += [(f"query block {qb} (rows {rows}) walks its key\nblocks left to right, keeping per row:",
                {"color": OUT}),
-              ("m_new = max(m, rowmax)\nl = l · exp(m − m_new) + rowsum\nm = m_new",
+              ("m_new = max(m, rowmax(s))\n"
+               "alpha = exp(m − m_new)\n"
+               "l = alpha · l + rowsum(exp(s − m_new))\n"
+               "acc = alpha · acc + exp(s − m_new) @ V_j\n"
+               "m = m_new\n"
+               "at the end: acc / l",
                {"family": MONO, "size": 8.5, "x": x_t + 0.15}),
               (f"never stored: the full L × S matrix\n({L} × {S} = {L * S:,} scores)", {})]
     y = H - 0.3
     for text, kw in lines:
+        line_h = 0.165 if kw.get("family") == MONO else 0.21  # inches per line of 8.5 or 9 pt
         _text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
-        y -= 0.21 * (text.count("\n") + 1) + 0.17
+        y -= line_h * (text.count("\n") + 1) + 0.17
     mask = f"; the causal mask hides {skipped} of them entirely, and they are skipped" if causal else ""
     return Diagram(fig, f"The {L} × {S} score matrix cut into {nq} × {nk} tiles of {block_size}{mask}. "
                         f"Query block {qb} walks its key blocks left to right, updating a running maximum "
-                        f"m and sum l per row, so the full matrix is never stored.")
+                        f"m and sum l per row and an output acc that is divided by l at the end, so the "
+                        f"full matrix is never stored.")
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 7, continued
+
+
+def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
+    r"""How the library attends with shared key/value heads without copying them: the query heads
+    of a group are stacked as rows, ``(B, H, L, hd) -> (B, H_kv, g·L, hd)``, and each group meets
+    its one key/value head in a single product of $g L$ rows against $S$ keys. The rows are read
+    from :func:`~selfattn.fastpaths.attend_heads`' own regrouping (each query row labelled by its
+    head and token), so the picture follows the code. FlashAttention 2 decodes GQA the same way
+    (its ``seqlenq_ngroups_swapped``)."""
+    from ..fastpaths import GROUPED_HEADS, Call
+
+    check_positive_int(n_heads, "n_heads", most=16)
+    check_positive_int(n_kv_heads, "n_kv_heads", most=16)
+    check_positive_int(L, "L", most=16)
+    if n_heads % n_kv_heads or n_heads == n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}), "
+                         f"and larger: a group holds two query heads or more")
+    if n_heads * L > 16:
+        raise ValueError(f"n_heads * L must be at most 16 rows to draw, got {n_heads} * {L}")
+    g = n_heads // n_kv_heads
+    # each query row holds its own number, head * L + token; the library regroups it
+    q = torch.arange(n_heads * L, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, L, 1)
+    kv = torch.zeros(1, n_kv_heads, 1, 1)  # (1, H_kv, S, 1)
+    stacked = GROUPED_HEADS.run(Call.of(q, kv, kv)).q  # (1, H_kv, g*L, 1)
+    is_view = stacked.data_ptr() == q.data_ptr()
+    rows = stacked[0, :, :, 0].long().tolist()  # rows[j]: the query rows of group j
+
+    def name(r: int) -> str:
+        return f"q head {r // L}" + (f", token {r % L}" if L > 1 else "")
+
+    n_rows = n_heads * L
+    pitch, gap = (0.25 if n_rows <= 8 else 0.2), 0.14
+    W, H = PAGE_WIDTH, n_rows * pitch + gap * (n_kv_heads - 1) + 1.55
+    top = H - 0.75
+    bh = 0.8 * pitch
+    colors = [_TAB[i] for i in (0, 3, 2, 1, 4, 5, 6, 8, 9)]
+    fig, ax = _canvas(W, H)
+    x_q, x_s, x_k, x_v, qw, kvw = 0.72, 3.3, 4.85, 6.0, 1.3, 0.95
+    y_h = H - 0.35
+    _text(ax, x_q, y_h, f"q: (B, H, L, hd)\nH = {n_heads}, L = {L}", ha="center",
+          family=MONO, size=8)
+    _text(ax, (x_q + x_s) / 2, top - 0.1, f"reshape, g = {g}\n"
+          f"{'a view, no copy' if is_view else 'a copy'}", ha="center", va="bottom", size=8)
+    _text(ax, x_s, y_h, f"(B, H_kv, g·L, hd)\n= (B, {n_kv_heads}, {g * L}, hd)", ha="center",
+          family=MONO, size=8)
+    _text(ax, (x_k + x_v) / 2, y_h, "keys and values\n(B, H_kv, S, hd)", ha="center", size=8)
+    y_left = {r: top - pitch * (r + 0.5) for r in range(n_rows)}
+    for j, group in enumerate(rows):
+        color = colors[j % len(colors)]
+        y0 = top - j * (g * L * pitch + gap)
+        ys = [y0 - pitch * (i + 0.5) for i in range(len(group))]
+        for r, y in zip(group, ys, strict=True):
+            _box(ax, x_q, y_left[r], qw, bh, name(r), color, size=8)
+            _box(ax, x_s, y, qw, bh, name(r), color, size=8, gid=f"row{j}-{r}")
+            ax.plot([x_q + qw / 2, x_s - qw / 2], [y_left[r], y], color=color, lw=0.8)
+        mid, span = (ys[0] + ys[-1]) / 2, ys[0] - ys[-1] + bh
+        _box(ax, x_k, mid, kvw, span, f"key\nhead {j}", color, size=8, gid=f"k{j}")
+        _box(ax, x_v, mid, kvw, span, f"value\nhead {j}", color, size=8)
+        _arrow(ax, (x_s + qw / 2 + 0.04, mid), (x_k - kvw / 2 - 0.04, mid), color)
+    groups = f"{n_kv_heads} group{'s' if n_kv_heads > 1 else ''}"
+    _text(ax, W / 2, 0.38, f"{n_kv_heads} product{'s' if n_kv_heads > 1 else ''} of "
+          f"({g * L} × hd)·(hd × S), one per key/value head: the {g * L} query rows of a group\n"
+          f"meet their keys and values in one matrix-matrix product, where head by head it "
+          f"takes {g} matrix-vector products.", ha="center", size=8)
+    return Diagram(fig, f"The {n_heads} query heads ({L} token{'s' if L > 1 else ''} each) are "
+                        f"regrouped into {groups} of {g * L} rows, "
+                        f"from (B, H, L, hd) to (B, {n_kv_heads}, {g * L}, hd), "
+                        f"{'a view without a copy' if is_view else 'a copy'}; each group's rows "
+                        f"attend to its one key/value head in a single matrix-matrix product, "
+                        f"where head by head it would take {g} matrix-vector products.")

@@ -21,7 +21,7 @@ import statistics
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -328,3 +328,421 @@ def influence(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
     return grad.abs().sum(dim=(0, 2)) > 0  # (T,)
 
 
+
+
+def gradient_by_distance(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
+    r"""``(T,)``: how strongly output position ``t`` depends on each input position ``s`` of
+    ``x`` (B, T, d): the norm $\lVert \partial y_t / \partial x_s \rVert$ of the Jacobian block
+    (the ``d_out x d`` matrix of every output number at ``t`` against every input number at
+    ``s``, over the batch), measured with autograd, one backward pass per output number.
+
+    :func:`influence` says whether this is zero; this says how big it is, so it shows a
+    gradient that fades with distance (a recurrent layer) or stays (attention).
+    """
+    x = x.detach().requires_grad_(True)
+    out = layer(x)[:, t]  # (B, d_out)
+    total = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)  # (T,)
+    for i in range(out.shape[-1]):
+        (grad,) = torch.autograd.grad(out[:, i].sum(), x, retain_graph=True)  # (B, T, d)
+        total += grad.pow(2).sum(dim=(0, 2))
+    return total.sqrt()
+
+
+@dataclass
+class CueReport:
+    """What one attention tagger does with each cue of the distance-cue task, per cue ``c1..``:
+    how much weight the ambiguous word gives it, how often it wins that row, how often the word
+    is tagged right, and the gradient that reaches its attention score."""
+
+    weight: Tensor  # (n_cues,): mean weight on the cue, the head that gives it the most
+    wins: Tensor  # (n_cues,): share of sentences where the cue gets the row's largest weight
+    accuracy: Tensor  # (n_cues,): share of sentences whose ambiguous word is tagged right
+    score_grad: Tensor  # (n_cues,): mean |dL/ds| at the cue's score, the largest over heads
+    loss: Tensor  # (n_cues,): mean cross-entropy on the ambiguous word (nats)
+    decoy_weight: float  # mean weight on the decoys after the word (the head that gives most)
+
+
+def cue_report(model: torch.nn.Module, task: object) -> CueReport:
+    r"""Break one attention tagger's behaviour on a :func:`~selfattn.book.data.tagging_task`
+    down by the cue of each sentence (the tagger returns its weights with ``need_weights``).
+
+    The score gradient is measured with autograd, through a zero ``score_bias`` added to the
+    scores, for the training loss summed over the test sentences. The softmax's Jacobian says
+    what to expect: with $a = \mathrm{softmax}(s)$ and $g_j = \partial L / \partial a_j$,
+    $\partial L / \partial s_j = a_j (g_j - \bar g)$, $\bar g = \sum_k a_k g_k$, so a key with
+    $a_j \approx 0$ gets almost no gradient, whatever $g_j$ is: a cue the model ignores stays
+    ignored.
+    """
+    import torch.nn.functional as F
+
+    tokens, tags = task.tokens, task.tags  # type: ignore[attr-defined]
+    position, cue_at = task.position, task.cue_position  # type: ignore[attr-defined]
+    n_cues = task.n_cues  # type: ignore[attr-defined]
+    device = next(model.parameters()).device
+    model.eval()
+    N, T = tokens.shape
+    H = model.attn.config.n_heads  # type: ignore[union-attr]
+    bias = torch.zeros(N, H, T, T, device=device, requires_grad=True)  # (N, H, T, T)
+    logits, w = model(tokens.to(device), need_weights=True, score_bias=bias)
+    loss = F.cross_entropy(logits.flatten(0, 1), tags.to(device).flatten(), reduction="sum")
+    (ds,) = torch.autograd.grad(loss, bias)  # (N, H, T, T): dL/ds
+    rows = torch.arange(N)
+    a = w.detach()[rows, :, position].cpu()  # (N, H, T): the ambiguous word's rows
+    on_cue = a[rows, :, cue_at]  # (N, H)
+    grad_cue = ds[rows, :, position].cpu()[rows, :, cue_at].abs()  # (N, H)
+    won = a.mean(1).argmax(-1) == cue_at  # (N,)
+    right = logits.detach().argmax(-1).cpu()[rows, position] == tags[rows, position]  # (N,)
+    cue = tokens[rows, cue_at]  # (N,): 1..n_cues
+    word_loss = F.cross_entropy(logits.detach()[rows, position].cpu(), tags[rows, position],
+                                reduction="none")  # (N,)
+    after = torch.arange(T) > position[:, None]  # (N, T): the words after the ambiguous one
+    decoys = after & (tokens >= 1) & (tokens <= n_cues)  # (N, T)
+    per_head = (a * decoys[:, None]).sum(-1).sum(0) / decoys.sum().clamp(min=1)  # (H,)
+    out = {k: torch.zeros(n_cues) for k in ("weight", "wins", "accuracy", "score_grad", "loss")}
+    for c in range(1, n_cues + 1):
+        mine = cue == c
+        out["weight"][c - 1] = on_cue[mine].mean(0).max()
+        out["wins"][c - 1] = won[mine].float().mean()
+        out["accuracy"][c - 1] = right[mine].float().mean()
+        out["score_grad"][c - 1] = grad_cue[mine].mean(0).max()
+        out["loss"][c - 1] = word_loss[mine].mean()
+    return CueReport(**out, decoy_weight=per_head.max().item())
+
+
+@dataclass
+class RowGradients:
+    """What :func:`attention_gradients` measures, one entry per row (query) unless said."""
+
+    at_scores: Tensor  # (rows,): the norm of the gradient at each row of scores
+    at_q: Tensor  # (rows,): the norm of the gradient at each query
+    at_W: float  # the norm of the gradient at W^q, all rows summed
+    top_weight: Tensor  # (rows,): each row's largest weight
+
+
+def attention_gradients(d_k: int, scaled: bool, n_keys: int = 16, L: int = 16, batch: int = 64,
+                        seed: int | None = None) -> RowGradients:
+    r"""The gradient of one attention layer at its scores, its queries and $W^q$, for random
+    unit-variance inputs and keys of width ``d_k``, with the scale $1/\sqrt{d_k}$ or without.
+
+    The queries are $q = x W^q$ with $W^q$ of entries $\mathcal{N}(0, 1/d_k)$ (unit-variance
+    queries at every width); the loss is the output against a fixed random upstream gradient.
+    ``seed`` defaults to ``1000 + d_k``, so both arms of one width see the same numbers.
+    """
+    g = torch.Generator().manual_seed(1000 + d_k if seed is None else seed)
+    x = torch.randn(batch, L, d_k, generator=g)  # (B, L, d_k) inputs
+    W_q = (torch.randn(d_k, d_k, generator=g) / math.sqrt(d_k)).requires_grad_(True)
+    k = torch.randn(batch, n_keys, d_k, generator=g)  # (B, S, d_k)
+    v = torch.randn(batch, n_keys, 8, generator=g)  # (B, S, 8)
+    upstream = torch.randn(batch, L, 8, generator=g)  # (B, L, 8)
+    scale = 1 / math.sqrt(d_k) if scaled else 1.0
+    q = x @ W_q  # (B, L, d_k)
+    scores = q @ k.transpose(-2, -1) * scale  # (B, L, S)
+    weights = torch.softmax(scores, dim=-1)  # (B, L, S)
+    out = weights @ v  # (B, L, 8)
+    at_scores, at_q, at_W = torch.autograd.grad((out * upstream).sum(), [scores, q, W_q])
+    return RowGradients(at_scores.norm(dim=-1).flatten(), at_q.norm(dim=-1).flatten(),
+                        at_W.norm().item(), weights.max(-1).values.detach().flatten())
+
+
+def top_share(norms: Tensor, fraction: float = 0.05) -> float:
+    """The share of ``sum(norms**2)`` that the largest ``fraction`` of the entries carry
+    (at least one entry): how concentrated a gradient is over its rows."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    squared = norms.detach().flatten().double().pow(2).sort(descending=True).values
+    top = max(1, round(fraction * len(squared)))
+    return (squared[:top].sum() / squared.sum()).item()
+
+
+def median_top_weight(d_k: int, n_keys: int, scaled: bool = False, n_rows: int = 10_000,
+                      seed: int = 0) -> float:
+    r"""The median, over ``n_rows`` random rows, of a row's largest softmax weight: one
+    unit-variance query of width ``d_k`` against ``n_keys`` unit-variance keys.
+
+    For a fixed query $q$ and keys of independent $\mathcal{N}(0, 1)$ entries, the scores
+    $q \cdot k_j$ are independent $\mathcal{N}(0, |q|^2)$: they are drawn that way, as $|q|$
+    times standard normals, so no ``(n_rows, n_keys, d_k)`` tensor of keys is ever held.
+    """
+    g = torch.Generator().manual_seed(seed)
+    length = torch.randn(n_rows, d_k, generator=g, dtype=torch.float64).norm(dim=-1)  # (N,)
+    z = torch.randn(n_rows, n_keys, generator=g, dtype=torch.float64)  # (N, S)
+    scores = length[:, None] * z  # (N, S): q . k_j for every key
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return torch.softmax(scores, dim=-1).max(-1).values.median().item()
+
+
+@dataclass
+class CueGradients:
+    """What :func:`cue_gradients` measures: one entry per sentence, the row of its ambiguous
+    word."""
+
+    cue: Tensor  # (N,): which cue word decides (1 .. n_cues)
+    correct: Tensor  # (N,) bool: was the ambiguous word tagged right?
+    top_weight: Tensor  # (N,): the row's largest weight
+    cue_weight: Tensor  # (N,): a_j, the weight the row puts on the cue
+    cue_grad: Tensor  # (N,): dL/ds_j, the gradient at the cue's score (the sentence's loss)
+    all_grad: float  # the sum of |dL/ds| over every score (every row, every key)
+    score_weight_grad: float  # the norm of the mean loss's gradient at W^q and W^k together
+
+
+def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
+    r"""For a one-head tagger (``models.AttentionTagger(scorer=...)``, a dot-product scorer) on
+    a tagging task: the ambiguous word's weight on its cue and the gradient at that score.
+
+    The loss of each sentence is its mean cross-entropy over its tokens, so ``cue_grad`` does
+    not depend on how many sentences are measured; ``score_weight_grad`` is measured on the mean
+    over sentences (the training loss). By the softmax's Jacobian,
+    $\partial L / \partial s_j = a_j (g_j - \bar g)$ with $g_j = \partial L / \partial a_j$.
+    """
+    import torch.nn.functional as F
+
+    attn = model.attn
+    device = next(model.parameters()).device
+    kept: dict[str, Tensor] = {}
+    score = attn.score
+
+    def keep(x: Tensor) -> Tensor:
+        scores = score(x)  # (N, T, T)
+        scores.retain_grad()
+        kept["scores"] = scores
+        return scores
+
+    was_training = model.training
+    model.eval()
+    model.zero_grad()
+    attn.score = keep  # the instance attribute shadows the method while we measure
+    try:
+        tokens, tags = data.tokens.to(device), data.tags.to(device)
+        logits, weights = model(tokens, need_weights=True)  # (N, T, C), (N, 1, T, T)
+        per_token = F.cross_entropy(logits.flatten(0, 1), tags.flatten(), reduction="none")
+        per_sentence = per_token.view(tags.shape).mean(-1)  # (N,)
+        per_sentence.sum().backward()
+    finally:
+        del attn.score
+        model.train(was_training)
+    n = len(data)
+    rows, pos = torch.arange(n), data.position.to(device)
+    cue_pos = pos - data.distance.to(device)
+    row = weights[rows, 0, pos].detach()  # (N, T): what the ambiguous word attends to
+    at_scores = kept["scores"].grad  # (N, T, T)
+    cue_grad = at_scores[rows, pos, cue_pos]  # (N,)
+    grads = [p.grad.flatten() for p in (attn.q_proj.weight, attn.k_proj.weight)]
+    predicted = logits.argmax(-1)[rows, pos]
+    result = CueGradients(
+        cue=data.tokens[rows.cpu(), cue_pos.cpu()],
+        correct=(predicted == tags[rows, pos]).cpu(),
+        top_weight=row.max(-1).values.cpu(),
+        cue_weight=row[rows, cue_pos].cpu(),
+        cue_grad=cue_grad.detach().cpu(),
+        all_grad=at_scores.abs().sum().item(),
+        score_weight_grad=(torch.cat(grads).norm() / n).item(),
+    )
+    model.zero_grad()
+    return result
+
+
+def profiled_ops(fn: Callable[[], object]) -> Counter[str]:
+    """Every ``aten`` operation ``torch.profiler`` records while ``fn()`` runs, by name, the ones
+    inside a composite C++ operation included. :func:`op_counts` sees such an operation as one
+    call (``_native_multi_head_attention``, ``nn.MultiheadAttention``'s inference fast path);
+    this shows what it runs inside (its matrix products and softmax)."""
+    from torch.profiler import profile
+
+    # the profiler's C++ side logs a line to stderr when it starts and stops; a notebook would
+    # show both under the cell, so stderr is pointed at /dev/null meanwhile (Python's own
+    # exceptions are not written there: they still reach the caller)
+    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 2)
+    try:
+        with profile() as prof:
+            fn()
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(quiet)
+    return Counter(e.name.removeprefix("aten::") for e in prof.events()
+                   if e.name.startswith("aten::"))
+
+
+def seed_rows(results: dict[str, list[float]], seeds: Sequence[int], what: str = "accuracy",
+              fmt: str = "{:.1%}") -> str:
+    """One row per seed, one column per arm, then each arm's mean and lowest..highest: the
+    per-seed values of :func:`~selfattn.book.train.seed_table`, turned so that ten or more
+    seeds fit the page's width."""
+    seeds = list(seeds)
+    if any(len(v) != len(seeds) for v in results.values()):
+        raise ValueError(f"one value per seed: {len(seeds)} seeds, arms have "
+                         f"{[len(v) for v in results.values()]}")
+    def show(x: float) -> str:  # a value that rounds to zero prints as zero, never "-0%"
+        return fmt.format(0.0) if fmt.format(abs(x)) == fmt.format(0.0) else fmt.format(x)
+
+    width = {arm: max(len(arm), len(fmt.format(1.0)) * 2 + 2) for arm in results}
+    sw = max([4, *(len(str(s)) for s in seeds)])  # the seed column fits the widest seed
+    lines = [f"{what}, over {len(seeds)} seeds:",
+             f"{'seed':<{sw}s}  " + "  ".join(f"{arm:>{width[arm]}s}" for arm in results)]
+    for i, seed in enumerate(seeds):
+        lines.append(f"{seed:<{sw}d}  " + "  ".join(f"{show(v[i]):>{width[arm]}s}"
+                                                  for arm, v in results.items()))
+    means = [show(sum(v) / len(v)) for v in results.values()]
+    spans = [f"{show(min(v))}..{show(max(v))}" for v in results.values()]
+    for label, row in (("mean", means), ("span", spans)):
+        lines.append(f"{label:<{sw}s}  " + "  ".join(f"{m:>{width[a]}s}"
+                                                     for m, a in zip(row, results, strict=True)))
+    return "\n".join(lines)
+
+
+def cue_weights(weights: Tensor, tokens: Tensor, n_cues: int, beyond: int, first_query: int = 0
+                ) -> dict[str, float]:
+    """Where the attention of a ``recent_cue_task`` model goes (chapter 5): the mean, over heads
+    and over queries ``first_query`` onwards, of the weight on
+
+    * ``"latest cue"``: the most recent cue at or before the query (the one its tag names);
+    * ``"old cues beyond"``: the other cues at least ``beyond`` tokens back;
+    * ``"fillers beyond"``: the fillers at least ``beyond`` tokens back;
+
+    and ``"cue / filler, per key"``: the weight one old cue that far back gets, over the weight
+    one filler that far back gets. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; tokens
+    ``1..n_cues`` are the cues. Queries with no cue yet count only in the last three.
+    """
+    B, _, L, S = weights.shape
+    if tokens.shape != (B, L) or S != L:
+        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
+                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
+    w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
+    tokens = tokens.cpu()
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
+    i = torch.arange(L)
+    latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
+    has_cue = latest >= 0  # (B, Q)
+    on_latest = w.gather(2, latest.clamp(min=0)[..., None])[..., 0]  # (B, Q)
+    far = (i[first_query:, None] - i[None, :]) >= beyond  # (Q, L)
+    old_cue = far & is_cue[:, None, :] & (i != latest[..., None])  # (B, Q, L)
+    filler = far & ~is_cue[:, None, :]  # (B, Q, L)
+    n_queries = w.shape[0] * w.shape[1]
+    on_old = (w * old_cue).sum().item() / n_queries
+    on_filler = (w * filler).sum().item() / n_queries
+    per_old = on_old / max(old_cue.sum().item() / n_queries, 1e-12)
+    per_filler = on_filler / max(filler.sum().item() / n_queries, 1e-12)
+    return {
+        "latest cue": (on_latest * has_cue).sum().item() / max(has_cue.sum().item(), 1),
+        "old cues beyond": on_old,
+        "fillers beyond": on_filler,
+        "cue / filler, per key": per_old / max(per_filler, 1e-12),
+    }
+
+
+def order_blind_by_position(tokens: Tensor, n_cues: int) -> Tensor:
+    """The chance, token by token, that the best order-blind tagger of a ``recent_cue_task``
+    (:func:`selfattn.book.data.order_blind_accuracy`, its mean) tags it right: 1 for a cue and
+    before the first cue, else (count of the most frequent cue so far) / (cues so far).
+    ``tokens`` ``(B, L)``; returns ``(B, L)``, so a chapter can take the ceiling of any span.
+    """
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
+    counts = torch.stack([(tokens == c).cumsum(1) for c in range(1, n_cues + 1)])  # (C, B, L)
+    seen, best = counts.sum(0), counts.max(0).values  # (B, L) each
+    return torch.where(is_cue | (seen == 0), 1.0, best / seen.clamp(min=1))
+
+
+def cue_masks(tokens: Tensor, n_cues: int, beyond: int) -> dict[str, Tensor]:
+    """Attention masks (``True`` = may attend, causal) for a ``recent_cue_task`` batch that hide
+    keys at least ``beyond`` tokens back (chapter 5): ``"band"`` hides all of them, ``"hide far
+    old cues"`` only the cues among them (never the query's latest cue), ``"hide far fillers"``
+    only the fillers. ``tokens`` ``(B, L)``; each mask ``(B, L, L)``, ``[b, query, key]``.
+    """
+    B, L = tokens.shape
+    i = torch.arange(L, device=tokens.device)
+    offset = i[:, None] - i[None, :]  # (L, L): query minus key
+    causal, far = offset >= 0, offset >= beyond  # (L, L) each
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
+    latest = torch.where(is_cue, i, -1).cummax(1).values  # (B, L): per query
+    old_cue = far & is_cue[:, None, :] & (i[None, None, :] != latest[:, :, None])  # (B, L, L)
+    filler = far & ~is_cue[:, None, :]  # (B, L, L)
+    return {
+        "band": (causal & ~far).expand(B, L, L),
+        "hide far old cues": causal & ~old_cue,
+        "hide far fillers": causal & ~filler,
+    }
+
+
+def old_cue_ratio_by_offset(weights: Tensor, tokens: Tensor, n_cues: int, bin_width: int,
+                            first_query: int = 0) -> Tensor:
+    """How a ``recent_cue_task`` model weighs one old cue against the latest cue, by how far
+    back the old cue is (chapter 5). For queries ``first_query`` onwards, with a cue before
+    them: the head-averaged weight on each older cue over the weight on the latest cue, and
+    the median of that ratio over every (query, old cue) pair whose offset falls in each bin
+    ``[0, bin_width), [bin_width, 2 bin_width), ...``. Above 1: that old cue outweighs the
+    latest. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; returns ``(L // bin_width,)``,
+    NaN for a bin with no pair.
+    """
+    B, _, L, S = weights.shape
+    if tokens.shape != (B, L) or S != L:
+        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
+                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
+    w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
+    tokens = tokens.cpu()
+    i = torch.arange(L)
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
+    latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
+    on_latest = w.gather(2, latest.clamp(min=0)[..., None])  # (B, Q, 1)
+    ratio = w / on_latest.clamp_min(1e-30)  # (B, Q, L)
+    offset = (i[first_query:, None] - i[None, :]).expand_as(ratio)  # (B, Q, L)
+    old = is_cue[:, None, :] & (i != latest[..., None]) & (offset >= 0) & (latest[..., None] >= 0)
+    values, which = ratio[old], offset[old] // bin_width  # (pairs,) each: ratio and its bin
+    out = []
+    for b in range(L // bin_width):
+        in_bin = values[which == b]
+        out.append(in_bin.median().item() if len(in_bin) else float("nan"))
+    return torch.tensor(out)
+
+
+def query_gradient_ratio(d_k: int, n_draws: int = 5) -> float:
+    """The typical query's gradient with the scale over without it (the ratio of the medians of
+    :func:`attention_gradients`' ``at_q``), as the median over ``n_draws`` independent draws:
+    one draw's ratio near the crossover depends on the draw, the median much less. The first
+    draw is :func:`attention_gradients`' default one."""
+    if n_draws < 1:
+        raise ValueError(f"n_draws must be at least 1, got {n_draws}")
+    ratios = []
+    for i in range(n_draws):
+        seed = 1000 + d_k + 100_003 * i
+        scaled = attention_gradients(d_k, True, seed=seed)
+        unscaled = attention_gradients(d_k, False, seed=seed)
+        ratios.append((scaled.at_q.median() / unscaled.at_q.median()).item())
+    return float(torch.tensor(ratios).median())
+
+
+def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
+    """Two-sided Fisher exact test on two counts, ``k_a`` of ``n_a`` against ``k_b`` of
+    ``n_b``: the chance, if both arms had the same rate, of a table at most as likely as this
+    one given the margins (Fisher 1935). Small values: the counts differ more than chance
+    explains."""
+    if not (0 <= k_a <= n_a and 0 <= k_b <= n_b) or n_a + n_b == 0:
+        raise ValueError(f"need 0 <= k <= n for both arms, got {k_a}/{n_a} and {k_b}/{n_b}")
+    total = k_a + k_b
+
+    def p(x: int) -> float:  # hypergeometric: x of the successes in arm a
+        return math.comb(n_a, x) * math.comb(n_b, total - x) / math.comb(n_a + n_b, total)
+
+    seen = p(k_a)
+    lo, hi = max(0, total - n_b), min(total, n_a)
+    return min(1.0, sum(p(x) for x in range(lo, hi + 1) if p(x) <= seen * (1 + 1e-9)))
+
+
+def default_sense(model: torch.nn.Module, task: object, filler: int | None = None) -> Tensor:
+    """The sense a tagger gives the ambiguous word of a
+    :func:`~selfattn.book.data.tagging_task` when its cue is gone: the cue of every sentence is
+    replaced by a filler word (``filler``, default the first one, ``n_cues + 1``) and the share
+    of sentences in which the word gets each sense is returned, ``(n_cues,)``. A tagger that
+    tells one cue by elimination ("none of the others") gives that cue's sense here; any
+    classifier falls back to some default when its evidence is removed, so read it against the
+    cue the tagger ignores."""
+    tokens, position = task.tokens.clone(), task.position  # type: ignore[attr-defined]
+    cue_at, n_cues = task.cue_position, task.n_cues  # type: ignore[attr-defined]
+    rows = torch.arange(len(tokens))
+    tokens[rows, cue_at] = n_cues + 1 if filler is None else filler  # (N, T): no cue left
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        guess = model(tokens.to(device)).argmax(-1).cpu()[rows, position]  # (N,)
+    return torch.stack([(guess == c).float().mean() for c in range(n_cues)])

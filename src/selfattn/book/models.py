@@ -3,11 +3,13 @@
 Chapter 1 trains one of each on the distance-cue task (:func:`selfattn.book.data.tagging_task`) to
 measure how far each can look: a windowed fully-connected layer, a stack of 1-D convolutions, a
 bidirectional GRU, an average over the whole sequence (attention with equal weights, the
-control), and one layer of self-attention with positional encoding.
+control) or over the tokens up to each one (a fixed causal average, the second control),
+and one layer of self-attention with positional encoding.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -105,6 +107,24 @@ class MeanPoolTagger(nn.Module):
         return self.mlp(x + pooled)  # (B, T, n_tags)
 
 
+class CausalMeanTagger(MeanPoolTagger):
+    """The second control: :class:`MeanPoolTagger` with the average taken over the tokens at or
+    before each token only (weights ``1 / (t + 1)`` on tokens ``0..t``, zero after).
+
+    The same parameters as the mean-pool tagger, and no weight depends on the content: a fixed
+    rule, "average the left". Where only the words before a token decide its tag, this rule is
+    enough, so beating mean-pool there shows that a model uses *positions*, not that its weights
+    depend on the words.
+    """
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)  # (B, T, d)
+        v = self.v_proj(x)  # (B, T, d)
+        count = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)  # (T,)
+        pooled = self.out_proj(v.cumsum(dim=1) / count[:, None])  # (B, T, d): left average
+        return self.mlp(x + pooled)  # (B, T, n_tags)
+
+
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
 
@@ -120,12 +140,13 @@ class AttentionTagger(nn.Module):
     ``"learned"`` vectors added to the embeddings (up to ``max_len`` positions), ``"rope"``
     (queries and keys rotated), ``"alibi"`` (a distance penalty added to the scores), or
     ``"none"``. ``causal``: each token attends only to itself and the tokens before it.
+    ``head_dim``: each head's width (default ``d // n_heads``; chapter 6 varies it).
     """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
                  max_len: int = 512, scorer: str | None = None,
                  n_kv_heads: int | None = None, positions: str = "sinusoidal",
-                 causal: bool = False) -> None:
+                 causal: bool = False, head_dim: int | None = None) -> None:
         super().__init__()
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
@@ -140,13 +161,19 @@ class AttentionTagger(nn.Module):
             self.learned = LearnedPositionalEmbedding(max_len, d)
         if scorer is None:
             self.attn = MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads,
-                                           rope=positions == "rope")
+                                           rope=positions == "rope", head_dim=head_dim)
         else:
             self.attn = ScoredSelfAttention(d, scorer)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
 
-    def forward(self, tokens: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``."""
+    def forward(self, tokens: Tensor, need_weights: bool = False,
+                score_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        r"""Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``.
+
+        ``score_bias``: a float tensor broadcastable to ``(B, H, T, T)`` added to the attention
+        scores before the softmax. A zero bias that requires grad measures $\partial L / \partial s$,
+        the gradient that reaches each score (:func:`selfattn.book.measure.cue_report`).
+        """
         T = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
         if self.positions == "sinusoidal":
@@ -158,6 +185,8 @@ class AttentionTagger(nn.Module):
         bias = None
         if self.positions == "alibi":
             bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+        if score_bias is not None:
+            bias = score_bias if bias is None else bias + score_bias  # (B, H, T, T)
         a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
                                need_weights=need_weights)  # (B, T, d), (B, H, T, T)
         logits = self.mlp(x + a)  # (B, T, n_tags)

