@@ -375,7 +375,9 @@ def _panel(widgets: ModuleType, content: tuple[bytes, str] | str) -> ipywidgets.
     if isinstance(content, str):
         return widgets.HTML(_message_html(content))
     png, caption = content
-    return widgets.VBox([widgets.Image(value=png, format="png"), widgets.HTML(html.escape(caption))])
+    # flex-start: a caption wider than its picture must not stretch the picture to its width
+    return widgets.VBox([widgets.Image(value=png, format="png"), widgets.HTML(html.escape(caption))],
+                        layout=widgets.Layout(align_items="flex-start"))
 
 
 def _message_html(text: str) -> str:
