@@ -605,15 +605,7 @@ def cue_weights(weights: Tensor, tokens: Tensor, n_cues: int, beyond: int, first
     one filler that far back gets. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; tokens
     ``1..n_cues`` are the cues. Queries with no cue yet count only in the last three.
     """
-    B, _, L, S = weights.shape
-    if tokens.shape != (B, L) or S != L:
-        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
-                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
-    w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
-    tokens = tokens.cpu()
-    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
-    i = torch.arange(L)
-    latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
+    w, is_cue, latest, i = _cue_view(weights, tokens, n_cues, first_query)
     has_cue = latest >= 0  # (B, Q)
     on_latest = w.gather(2, latest.clamp(min=0)[..., None])[..., 0]  # (B, Q)
     far = (i[first_query:, None] - i[None, :]) >= beyond  # (Q, L)
@@ -675,22 +667,14 @@ def old_cue_ratio_by_offset(weights: Tensor, tokens: Tensor, n_cues: int, bin_wi
     latest. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; returns ``(L // bin_width,)``,
     NaN for a bin with no pair.
     """
-    B, _, L, S = weights.shape
-    if tokens.shape != (B, L) or S != L:
-        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
-                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
-    w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
-    tokens = tokens.cpu()
-    i = torch.arange(L)
-    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
-    latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
+    w, is_cue, latest, i = _cue_view(weights, tokens, n_cues, first_query)
     on_latest = w.gather(2, latest.clamp(min=0)[..., None])  # (B, Q, 1)
     ratio = w / on_latest.clamp_min(1e-30)  # (B, Q, L)
     offset = (i[first_query:, None] - i[None, :]).expand_as(ratio)  # (B, Q, L)
     old = is_cue[:, None, :] & (i != latest[..., None]) & (offset >= 0) & (latest[..., None] >= 0)
     values, which = ratio[old], offset[old] // bin_width  # (pairs,) each: ratio and its bin
     out = []
-    for b in range(L // bin_width):
+    for b in range(len(i) // bin_width):
         in_bin = values[which == b]
         out.append(in_bin.median().item() if len(in_bin) else float("nan"))
     return torch.tensor(out)
@@ -746,3 +730,21 @@ def default_sense(model: torch.nn.Module, task: object, filler: int | None = Non
     with torch.no_grad():
         guess = model(tokens.to(device)).argmax(-1).cpu()[rows, position]  # (N,)
     return torch.stack([(guess == c).float().mean() for c in range(n_cues)])
+
+
+def _cue_view(weights: Tensor, tokens: Tensor, n_cues: int, first_query: int
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What :func:`cue_weights` and :func:`old_cue_ratio_by_offset` read of a ``recent_cue_task``
+    batch: the head-averaged weights of queries ``first_query`` on ``(B, Q, L)``, which tokens are
+    cues ``(B, L)``, each query's latest cue at or before it ``(B, Q)`` (-1: none yet), and the
+    positions ``(L,)``. Checks that ``weights`` ``(B, H, L, L)`` and ``tokens`` ``(B, L)`` match."""
+    B, _, L, S = weights.shape
+    if tokens.shape != (B, L) or S != L:
+        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
+                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
+    w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
+    tokens = tokens.cpu()
+    i = torch.arange(L)
+    is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
+    latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
+    return w, is_cue, latest, i
