@@ -11,6 +11,29 @@ def test_causal_mask_against_a_loop(L, S, offset):
     assert torch.equal(mask, expected)
 
 
+@pytest.mark.parametrize(("L", "S", "offset"), [(6, 6, 0), (3, 8, 5), (1, 7, 6), (9, 9, 0)])
+@pytest.mark.parametrize(("window", "n_sink"), [(1, 0), (3, 0), (3, 2), (2, 4), (20, 1)])
+def test_window_and_sink_masks_against_a_loop(L, S, offset, window, n_sink):
+    mask = selfattn.causal_mask(L, S, offset=offset, window=window, n_sink=n_sink)
+    expected = torch.tensor([[j <= i + offset and (j < n_sink or i + offset - j < window)
+                              for j in range(S)] for i in range(L)])
+    assert torch.equal(mask, expected)
+    if window >= L + offset:  # a window wider than every distance is plain causal
+        assert torch.equal(mask, selfattn.causal_mask(L, S, offset=offset))
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "words"), [
+    ({"window": 0}, ValueError, "window must be positive, got 0"),
+    ({"window": 2.0}, TypeError, "window must be an int"),
+    ({"window": 3, "n_sink": -1}, ValueError, "n_sink must be at least 0, got -1"),
+    ({"window": 3, "n_sink": True}, TypeError, "n_sink must be an int, got bool"),
+    ({"n_sink": 2}, ValueError, "n_sink=2.*give window too"),
+])
+def test_window_and_sink_arguments_are_checked(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        selfattn.causal_mask(4, **kwargs)
+
+
 def test_causal_mask_matches_pytorch_is_causal():
     q = torch.randn(3, 5, 4)
     k = v = torch.randn(3, 7, 4)

@@ -304,18 +304,16 @@ def test_each_heads_scores_have_rank_at_most_head_dim():
 
 
 def test_allocated_bytes_counts_the_spare_room_a_growing_cache_keeps():
-    from selfattn.multihead import allocated_bytes
-
     cache = selfattn.KVCache(capacity=4)
-    assert allocated_bytes(cache) == 0 == cache.nbytes
+    assert cache.allocated_bytes == 0 == cache.nbytes
     token = torch.zeros(1, 2, 1, 8)  # one token, 2 key/value heads of 8
     per_token = 2 * 2 * 8 * 4  # keys and values, float32
     for n in range(1, 18):
         cache.append(token, token)
         capacity = next(c for c in (4, 8, 16, 32) if c >= n)  # doubled when full
         assert cache.nbytes == n * per_token
-        assert allocated_bytes(cache) == capacity * per_token
-    assert allocated_bytes(cache) / cache.nbytes == 32 / 17  # just after a doubling: near 2x
+        assert cache.allocated_bytes == capacity * per_token
+    assert cache.allocated_bytes / cache.nbytes == 32 / 17  # just after a doubling: near 2x
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

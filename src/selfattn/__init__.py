@@ -4,7 +4,9 @@ Two layers, one package:
 
 * ``selfattn`` itself is the attention library, what a reader learns and can reuse:
   :mod:`~selfattn.attention` (scaled dot-product attention, step by step), :mod:`~selfattn.masks`,
-  :mod:`~selfattn.heads`, :mod:`~selfattn.multihead` (MHA, GQA, MQA and the KV cache),
+  :mod:`~selfattn.heads`, :mod:`~selfattn.multihead` (MHA, GQA, MQA), :mod:`~selfattn.cache`
+  (the KV caches of decoding: contiguous, paged, sliding window, attention sinks),
+  :mod:`~selfattn.latent` (multi-head latent attention),
   :mod:`~selfattn.fastpaths`, :mod:`~selfattn.tiled`, :mod:`~selfattn.scoring`,
   :mod:`~selfattn.positional`, with :mod:`~selfattn.checks` and :mod:`~selfattn.device`.
 * :mod:`selfattn.book` is the book's apparatus around it: the synthetic tasks, the taggers and
@@ -14,16 +16,24 @@ Two layers, one package:
 """
 
 from .attention import masked_softmax, scaled_dot_product_attention
+from .cache import BlockPool, Cache, KVCache, PagedKVCache, SinkCache, SlidingWindowCache
 from .device import pick_device
 from .heads import merge_heads, repeat_kv, split_heads
+from .latent import MultiHeadLatentAttention
 from .masks import causal_mask, padding_mask, to_additive, to_bool
-from .multihead import AttentionConfig, KVCache, MultiHeadAttention, expand_kv_heads
+from .multihead import AttentionConfig, MultiHeadAttention, expand_kv_heads
 from .tiled import tiled_attention
 
 __all__ = [
     "AttentionConfig",
+    "BlockPool",
+    "Cache",
     "KVCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
+    "PagedKVCache",
+    "SinkCache",
+    "SlidingWindowCache",
     "book",
     "causal_mask",
     "expand_kv_heads",

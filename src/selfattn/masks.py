@@ -1,4 +1,5 @@
-"""Attention masks: causal, padding, and the two ways of writing a mask.
+"""Attention masks: causal (with a sliding window and attention sinks), padding, and the two ways
+of writing a mask.
 
 Convention (as in ``torch.nn.functional.scaled_dot_product_attention``):
 
@@ -18,7 +19,13 @@ from .checks import check_positive_int
 
 
 def causal_mask(
-    L: int, S: int | None = None, offset: int = 0, device: torch.device | str | None = None
+    L: int,
+    S: int | None = None,
+    offset: int = 0,
+    device: torch.device | str | None = None,
+    *,
+    window: int | None = None,
+    n_sink: int = 0,
 ) -> Tensor:
     r"""Bool mask of shape ``(L, S)`` where query ``i`` may attend to key ``j`` iff ``j <= i + offset``.
 
@@ -28,10 +35,35 @@ def causal_mask(
 
     $$M_{ij} = [\, j \le i + \text{offset} \,]$$  (Vaswani et al. 2017, §3.2.3, "masking out ... illegal
     connections" in the decoder).
+
+    ``window``: sliding-window attention, each query sees only the last ``window`` keys up to
+    its own position (Mistral 7B, Jiang et al. 2023, §2); ``n_sink``: the first ``n_sink`` keys
+    stay visible to every later query, outside the window (StreamingLLM's attention sinks,
+    Xiao et al. 2023, §3.2). With query ``i`` at position $q_i = i + \text{offset}$:
+
+    $$M_{ij} = [\, j \le q_i \,] \wedge \big([\, q_i - j < \text{window} \,] \vee
+    [\, j < n_\text{sink} \,]\big)$$
+
+    These are the masks under which :class:`~selfattn.cache.SlidingWindowCache` and
+    :class:`~selfattn.cache.SinkCache` equal full attention.
     """
     check_positive_int(L, "L")
     S = L if S is None else check_positive_int(S, "S")
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=offset)
+    if window is not None:
+        check_positive_int(window, "window")
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
+        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
+    if n_sink < 0:
+        raise ValueError(f"n_sink must be at least 0, got {n_sink}")
+    if n_sink and window is None:
+        raise ValueError(f"n_sink={n_sink} keeps keys visible outside a window: give window too "
+                         "(without one every earlier key is visible anyway)")
+    mask = torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=offset)  # j <= i + offset
+    if window is not None:
+        query = torch.arange(L, device=device)[:, None] + offset  # (L, 1): each query's position
+        key = torch.arange(S, device=device)[None, :]  # (1, S)
+        mask &= (query - key < window) | (key < n_sink)  # (L, S)
+    return mask
 
 
 def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:

@@ -1,4 +1,4 @@
-r"""Multi-head attention with any number of key/value heads: MHA, GQA and MQA, plus a KV cache.
+r"""Multi-head attention with any number of key/value heads: MHA, GQA and MQA.
 
 $$\operatorname{MultiHead}(Q, K, V) = \operatorname{Concat}(\text{head}_1, \dots, \text{head}_h)\,W^O,
 \qquad \text{head}_i = \operatorname{Attention}(QW_i^Q, KW_{g(i)}^K, VW_{g(i)}^V)$$
@@ -10,9 +10,11 @@ $$\operatorname{MultiHead}(Q, K, V) = \operatorname{Concat}(\text{head}_1, \dots
   $g(i) = \lfloor i / (h / h_{kv}) \rfloor$ (the ``repeat_interleave`` order).
 
 ``forward`` reads as the computation: project, split heads, rotate (RoPE), cache, mask, attend,
-merge heads. Its attend step is :func:`selfattn.fastpaths.attend_heads`: where the library
-computes it faster (no copies of grouped key/value heads, an in-place softmax, a split cache),
-a fast path does it, tested equal to the plain way.
+merge heads. Its cache step takes any :class:`~selfattn.cache.Cache` (every token, paged, a
+sliding window, attention sinks), which says which keys the new queries see. Its attend step is
+:func:`selfattn.fastpaths.attend_heads`: where the library computes it faster (no copies of
+grouped key/value heads, an in-place softmax, a split cache), a fast path does it, tested equal
+to the plain way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from . import fastpaths
+from .cache import Cache
 from .checks import check_dropout, check_mask, check_positive_int, check_tensor
 from .heads import _merge_heads, _split_heads, repeat_kv
 from .masks import causal_mask
@@ -89,56 +92,6 @@ class AttentionConfig:
         return self.n_heads // self.n_kv_heads
 
 
-class KVCache:
-    """Keys and values of the tokens seen so far, for token-by-token decoding.
-
-    Stores ``(B, n_kv_heads, capacity, head_dim)`` buffers, allocated at the first append and
-    doubled when full, so appending a token copies only that token (amortised O(1)), never the
-    whole cache as ``torch.cat`` would. MQA's cache is ``n_heads`` times smaller than MHA's.
-    """
-
-    def __init__(self, capacity: int = 256) -> None:
-        self.capacity = check_positive_int(capacity, "capacity")
-        self.length = 0
-        self._k: Tensor | None = None
-        self._v: Tensor | None = None
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add ``k``, ``v`` of shape ``(B, n_kv_heads, T, head_dim)``; return all keys and values."""
-        B, n_kv, T, _ = k.shape
-        end = self.length + T
-        if self._k is None or self._v is None:
-            cap = max(self.capacity, end)
-            self._k = k.new_empty(B, n_kv, cap, k.shape[-1])  # (B, n_kv, cap, hd)
-            self._v = v.new_empty(B, n_kv, cap, v.shape[-1])  # (B, n_kv, cap, hd_v)
-        elif self._k.shape[:2] != (B, n_kv):
-            raise ValueError(
-                f"kv_cache holds keys of shape {tuple(self._k.shape[:2])} for (batch, n_kv_heads), "
-                f"got {(B, n_kv)}; use a new KVCache for a new batch"
-            )
-        elif end > self._k.shape[2]:
-            cap = max(2 * self._k.shape[2], end)
-            self._k, self._v = self._grown(self._k, cap), self._grown(self._v, cap)
-        self._k[:, :, self.length : end] = k
-        self._v[:, :, self.length : end] = v
-        self.length = end
-        return self._k[:, :, :end], self._v[:, :, :end]  # (B, n_kv, S, hd), views
-
-    def _grown(self, old: Tensor, cap: int) -> Tensor:
-        """A buffer of ``cap`` tokens holding the ``length`` tokens of ``old``."""
-        new = old.new_empty(*old.shape[:2], cap, old.shape[3])  # (B, n_kv, cap, hd)
-        new[:, :, : self.length] = old[:, :, : self.length]
-        return new
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the keys and values stored so far (not counting spare capacity)."""
-        if self._k is None or self._v is None:
-            return 0
-        per_token = (self._k[:, :, :1].nelement() + self._v[:, :, :1].nelement())
-        return per_token * self.length * self._k.element_size()
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (MHA), grouped-query (GQA) or multi-query (MQA) by ``n_kv_heads``.
 
@@ -183,22 +136,26 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        kv_cache: KVCache | None = None,
+        kv_cache: Cache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
 
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
         bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
-        ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` holding
-        ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: the new keys
-        and values are appended to it and attention covers all of them.
+        ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
+        ``P`` tokens, the new queries sit at positions ``P..P+L-1`` (and ``key`` must hold the
+        same ``L`` tokens). ``kv_cache``: any :class:`~selfattn.cache.Cache`; the new keys and
+        values are appended to it and attention covers the keys it returns, ``S =
+        kv_cache.size_after(L)`` of them (``attn_mask`` is over those), each new query seeing
+        those the cache's :meth:`~selfattn.cache.Cache.mask` allows under ``is_causal``, and
+        every one without it.
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value, attn_mask, kv_cache)
+        self._check_inputs(query, key, value, attn_mask, is_causal, kv_cache)
         cfg = self.config
         L = query.shape[1]
-        P = 0 if kv_cache is None else kv_cache.length  # tokens already in the cache
+        P = 0 if kv_cache is None else kv_cache.length  # tokens appended before: the first new position
 
         # project: (B, L, H*hd) queries, (B, S_new, H_kv*hd) keys and values
         q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
@@ -209,18 +166,21 @@ class MultiHeadAttention(nn.Module):
         if cfg.rope:
             q = _apply_rope(q, torch.arange(P, P + L, device=q.device))
             k = _apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
-        # cache: attend to every token so far (the keys are stored rotated)
+        # cache: the keys and values the new queries attend to (the keys are stored rotated)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
-        # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1; after P
-        # cached tokens the queries sit at P..P+L-1, and the mask must say so
+        # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
+        # 0..S-1; after a cache the queries sit at P..P+L-1 and the cache may have dropped keys,
+        # so the cache says which returned keys each new query sees (None: all of them)
         S = k.shape[2]
         if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
             attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
-        if is_causal and (P > 0 or attn_mask is not None):
+        if is_causal and kv_cache is not None and not kv_cache.is_plain_causal(L):
             is_causal = False
-            if L > 1 or P < S - 1:  # one new query after the cache sees every key: no mask
-                attn_mask = _and(attn_mask, causal_mask(L, S, offset=P, device=q.device))
+            attn_mask = _and(attn_mask, kv_cache.mask(L, device=q.device))  # None: no mask needed
+        if is_causal and attn_mask is not None:  # SDPA takes one or the other: fold causal in
+            is_causal = False
+            attn_mask = _and(attn_mask, causal_mask(L, S, device=q.device))
         # attend: (B, H, L, hd), and the weights (B, H, L, S) if asked for
         dropout_p = cfg.dropout_p if self.training else 0.0
         out, weights = fastpaths.attend_heads(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
@@ -229,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(_merge_heads(out)), weights  # (B, L, out_dim)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
-                      kv_cache: KVCache | None) -> None:
+                      is_causal: bool, kv_cache: Cache | None) -> None:
         cfg = self.config
         for name, x, width in [("query", query, cfg.d_model), ("key", key, cfg.kdim),
                                ("value", value, cfg.vdim)]:
@@ -250,10 +210,18 @@ class MultiHeadAttention(nn.Module):
                 f"key and value must have the same length, got {tuple(key.shape)} and "
                 f"{tuple(value.shape)}"
             )
-        if kv_cache is not None and not isinstance(kv_cache, KVCache):
-            raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+        if kv_cache is not None and not isinstance(kv_cache, Cache):
+            raise TypeError(
+                "kv_cache must be a selfattn.cache.Cache (KVCache, PagedKVCache, SlidingWindowCache, "
+                f"SinkCache), got {type(kv_cache).__name__}"
+            )
+        if kv_cache is not None and is_causal and key.shape[1] != query.shape[1]:
+            raise ValueError(
+                "with a kv_cache and is_causal, the new queries are the new keys' tokens: query and "
+                f"key must have the same length, got {tuple(query.shape)} and {tuple(key.shape)}"
+            )
         if attn_mask is not None:
-            S = key.shape[1] + (0 if kv_cache is None else kv_cache.length)
+            S = key.shape[1] if kv_cache is None else kv_cache.size_after(key.shape[1])
             check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S))
 
     def load_projections(self, q: nn.Linear, k: nn.Linear, v: nn.Linear,
@@ -345,23 +313,11 @@ def expand_kv_heads(module: MultiHeadAttention) -> MultiHeadAttention:
     return mha.train(module.training)
 
 
-def _and(mask: Tensor | None, keep: Tensor) -> Tensor:
-    """``mask`` (bool or additive, or None) with the bool ``keep`` applied on top."""
-    if mask is None:
-        return keep
+def _and(mask: Tensor | None, keep: Tensor | None) -> Tensor | None:
+    """``mask`` (bool or additive, or None) with the bool ``keep`` (None: keep all) on top."""
+    if keep is None or mask is None:
+        return keep if mask is None else mask
     if mask.dtype == torch.bool:
         return mask & keep
     return mask.masked_fill(~keep, float("-inf"))
 
-
-def allocated_bytes(cache: KVCache) -> int:
-    """The bytes ``cache`` has allocated for its keys and values: what it holds
-    (:attr:`KVCache.nbytes`) plus the spare room it keeps so that an append rarely copies.
-
-    Doubling the buffer when it is full makes an append cost amortised constant work, and leaves up
-    to half of the allocation unused: just after a doubling the cache holds little more than half
-    of what it allocated.
-    """
-    if cache._k is None or cache._v is None:
-        return 0
-    return cache._k.untyped_storage().nbytes() + cache._v.untyped_storage().nbytes()

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from .. import fastpaths
 from ..attention import masked_softmax
-from ..multihead import KVCache, MultiHeadAttention
+from ..cache import KVCache
+from ..multihead import MultiHeadAttention
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

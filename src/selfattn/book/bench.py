@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from .. import fastpaths
 from ..attention import scaled_dot_product_attention
-from ..multihead import KVCache, MultiHeadAttention
+from ..cache import KVCache
+from ..multihead import MultiHeadAttention
 from ..tiled import tiled_attention
 from .baselines import EinopsSelfAttention, bare_decode_step, einsum_attention, matmul_attention
 from .measure import (

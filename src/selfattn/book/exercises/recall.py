@@ -9,9 +9,10 @@ import math
 import torch
 
 from ...attention import scaled_dot_product_attention
+from ...cache import KVCache
 from ...heads import repeat_kv
 from ...masks import causal_mask, padding_mask
-from ...multihead import KVCache, MultiHeadAttention
+from ...multihead import MultiHeadAttention
 from ...positional import alibi_slopes, sinusoidal_encoding
 from ...scoring import AdditiveScorer
 from ..measure import attention_flops, influence
