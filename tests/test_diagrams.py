@@ -418,3 +418,213 @@ def test_multi_head_draws_the_scores_shape_and_names_kv_heads_only_when_fewer(n_
     assert "(10, 8, 2, 4)" in numbers_in(d)  # the demo's scores, drawn, not only in the alt text
     assert ("n_kv_heads" in strings(d)) == (n_kv_heads != 8)
     test_nothing_is_cut_off_and_no_text_is_drawn_over_another((d, "merge_heads"))
+
+
+LATENT_CASES = {
+    "latent_attention": (lambda: diagrams.latent_attention(), "latent"),
+    "latent_attention, DeepSeek-V2's head": (lambda: diagrams.latent_attention(8, 128, 512, 64, 5120),
+                                              "latent"),
+    "latent_attention, no RoPE, one head": (lambda: diagrams.latent_attention(1, 1, 1, 0), "latent"),
+    "latent_attention, large": (lambda: diagrams.latent_attention(8, 9999, 9999, 9998, 99999), "latent"),
+}
+
+
+@pytest.mark.parametrize("name", list(LATENT_CASES))
+def test_latent_attention_fits_is_legible_and_has_its_alt_text(name):
+    make, word = LATENT_CASES[name]
+    test_returns_a_diagram_that_fits_the_page((make(), word))
+    test_nothing_is_cut_off_and_no_text_is_drawn_over_another((make(), word))
+    test_shows_as_a_png_with_its_alt_text((make(), word))
+
+
+@pytest.mark.parametrize("n_heads, head_dim, kv_rank, rope_dim", [(4, 64, 256, 32), (8, 16, 24, 0),
+                                                                  (2, 6, 10, 4)])
+def test_latent_attention_draws_what_the_layer_caches(n_heads, head_dim, kv_rank, rope_dim):
+    from fractions import Fraction
+
+    from selfattn.cache import KVCache
+    from selfattn.latent import MultiHeadLatentAttention
+
+    d = diagrams.latent_attention(n_heads, head_dim, kv_rank, rope_dim)
+    s = strings(d)
+    # what the layer really caches per token, measured: the number drawn
+    layer = MultiHeadLatentAttention(n_heads * head_dim, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
+    cache = KVCache()
+    layer(torch.randn(1, 3, n_heads * head_dim), is_causal=True, cache=cache, absorb=True)
+    per_token = cache.nbytes // (3 * 4)
+    assert per_token == kv_rank + rope_dim
+    cached = f"{kv_rank} + {rope_dim} = {per_token} numbers" if rope_dim else f"{kv_rank} numbers"
+    mha = 2 * n_heads * head_dim
+    assert cached in s and f"({kv_rank},)" in s
+    assert f"MHA's: 2 × {n_heads} × {head_dim} = {mha}; {Fraction(per_token, mha)} of it" in s
+    assert f"{per_token} numbers per token" in d.alt
+    # a key and a value box per head; the shared rope part beside each key only with RoPE
+    drawn = boxes(d, "")
+    for letter in "kv":
+        assert {f"{letter}{i}" for i in range(n_heads)} <= set(drawn)
+        assert f"{letter}{n_heads}" not in drawn
+    assert sum(g.startswith("rope") and g != "rope key" for g in drawn) == (n_heads if rope_dim else 0)
+    assert ("rope key" in drawn) == bool(rope_dim) and "latent" in drawn
+    assert ("k^R_j" in s) == bool(rope_dim)  # the scores' rope term
+    assert all(name in s for name in ("kv_down", "k_up", "v_up", "out_proj, absorbed"))
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda: diagrams.latent_attention(9), ValueError, "n_heads must be at most 8, got 9"),
+    (lambda: diagrams.latent_attention(4, 64, 0), ValueError, "kv_rank must be positive, got 0"),
+    (lambda: diagrams.latent_attention(4, 64, 256, 3), ValueError, "rope_dim must be 0 .* even"),
+    (lambda: diagrams.latent_attention(4, 64, 256, -2), ValueError, "rope_dim must be from 0 to 9998"),
+    (lambda: diagrams.latent_attention(4, 64, 256, 2.0), TypeError, "rope_dim must be an int, got float"),
+    (lambda: diagrams.latent_attention(4, 64, 256, 32, d_model=0), ValueError, "d_model must be positive"),
+])
+def test_latent_attention_says_what_is_wrong(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+CACHE_CASES = {
+    "paged_block_table": (lambda: diagrams.paged_block_table(), "block table"),
+    "paged_block_table, one request of one token": (lambda: diagrams.paged_block_table((1,), 1),
+                                                   "block table"),
+    "paged_block_table, four requests": (lambda: diagrams.paged_block_table((3, 9, 2, 5), 3), "block table"),
+    "paged_block_table, full pool of 12": (lambda: diagrams.paged_block_table((40, 30, 20), 8, 12),
+                                           "block table"),
+    "paged_block_table, two-digit tables": (lambda: diagrams.paged_block_table((12, 11), 2, 12),
+                                            "block table"),
+    "rolling_sink_buffer": (lambda: diagrams.rolling_sink_buffer(), "overwriting"),
+    "rolling_sink_buffer, long": (lambda: diagrams.rolling_sink_buffer(1, 3, 32), "overwriting"),
+    "rolling_sink_buffer, 16 slots, no evictions": (lambda: diagrams.rolling_sink_buffer(8, 8, 16, False),
+                                                    "overwriting"),
+    "rolling_sink_buffer, one slot": (lambda: diagrams.rolling_sink_buffer(0, 1, 1), "overwriting"),
+}
+
+
+@pytest.mark.parametrize("name", list(CACHE_CASES))
+def test_cache_diagrams_fit_are_legible_and_have_their_alt_text(name):
+    make, word = CACHE_CASES[name]
+    test_returns_a_diagram_that_fits_the_page((make(), word))
+    test_nothing_is_cut_off_and_no_text_is_drawn_over_another((make(), word))
+    test_shows_as_a_png_with_its_alt_text((make(), word))
+
+
+def gids(diagram, kind=Patch) -> dict:
+    return {a.get_gid(): a for a in diagram.figure.findobj(kind) if a.get_gid()}
+
+
+@pytest.mark.parametrize("lengths, block_size, n_blocks", [((10, 6, 7), 4, None), ((5, 3), 2, 7),
+                                                           ((3, 9, 2, 5), 3, 12), ((40, 30, 20), 8, 12),
+                                                           ((4, 8), 4, None)])
+def test_paged_block_table_draws_the_caches_block_tables(lengths, block_size, n_blocks):
+    from selfattn.cache import BlockPool, PagedKVCache
+
+    d = diagrams.paged_block_table(lengths, block_size, n_blocks)
+    needed = [math.ceil(n / block_size) for n in lengths]
+    n_blocks = n_blocks or sum(needed) + 2
+    # the same requests decoded side by side, one token each per step, by the library here
+    pool = BlockPool(n_blocks, block_size, 1, 1)
+    caches = [PagedKVCache(pool) for _ in lengths]
+    for step in range(max(lengths)):
+        for cache, n in zip(caches, lengths, strict=True):
+            if step < n:
+                cache.append(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    s, patches, labels = strings(d), gids(d), gids(d, Text)
+    names = "ABCD"
+    for r, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
+        table = cache.block_table
+        assert len(table) == needed[r]  # whole blocks, the last one partly filled at most
+        assert f"block_table {table}" in s and f"{names[r]}: {n} token" in s
+        logical = sorted(g for g in patches if g.startswith(f"logical {names[r]}"))
+        assert logical == sorted(f"logical {names[r]}{j} -> {b}" for j, b in enumerate(table))
+        for b in table:
+            assert f"physical {b}: {names[r]}" in patches
+        for p in range(n):  # token p in block block_table[p // block_size], slot p % block_size
+            label = labels.get(f"physical {table[p // block_size]}.{p % block_size}")
+            assert label is None or label.get_text() == str(p)  # None: slots too narrow to number
+        last = table[-1]
+        for slot in range(n - (len(table) - 1) * block_size, block_size):  # the last block's room
+            assert f"physical {last}.{slot}" not in labels
+    assert {g for g in patches if g.endswith(": free")} == {f"physical {b}: free" for b in
+                                                            pool.free_blocks}
+    assert sum(g.startswith("physical ") for g in patches) == n_blocks
+    assert len(d.figure.findobj(Annotation)) == sum(needed)  # one arrow per logical block
+    unused = [-n % block_size for n in lengths]
+    assert f"{' + '.join(map(str, unused))} = {sum(unused)} of {sum(needed) * block_size} allocated" in s
+    assert f"free list: {pool.free_blocks}" in s or not pool.free_blocks
+    if block_size <= 4 and n_blocks <= 9:  # wide enough slots: every token's position is drawn
+        assert sum(g.startswith("physical ") for g in labels) == sum(lengths)
+
+
+def test_paged_block_table_interleaves_the_requests_blocks():
+    d = diagrams.paged_block_table((10, 6, 7), 4)
+    s = strings(d)
+    assert "block_table [0, 3, 6]" in s and "block_table [1, 4]" in s and "block_table [2, 5]" in s
+    assert "free list: [7, 8]" in s
+
+
+def expected_slots(n_sink, window, t):
+    """By the rule of StreamingLLM's cache: the sinks in slots 0 .. n_sink - 1, position p past
+    them in slot n_sink + (p - n_sink) % window, the latest written there kept."""
+    held = list(range(n_sink)) + [None] * window
+    for p in range(n_sink, t):
+        held[n_sink + (p - n_sink) % window] = p
+    return held, n_sink + (t - n_sink) % window
+
+
+@pytest.mark.parametrize("n_sink, window, t", [(4, 8, 19), (1, 3, 32), (8, 8, 16), (0, 5, 13),
+                                                (2, 6, 8), (3, 1, 10)])
+@pytest.mark.parametrize("sliding", [True, False])
+def test_rolling_sink_buffer_draws_what_each_slot_holds(n_sink, window, t, sliding):
+    from selfattn.cache import SinkCache, SlidingWindowCache
+
+    d = diagrams.rolling_sink_buffer(n_sink, window, t, sliding)
+    patches, labels = gids(d), gids(d, Text)
+    size = n_sink + window
+    panels = [("sink", n_sink, window, SinkCache(n_sink, window))]
+    if sliding:
+        panels.append(("sliding", 0, size, SlidingWindowCache(size)))
+    assert not any(g.startswith("sliding") for g in patches) or sliding
+    for tag, sinks, win, cache in panels:
+        held, nxt = expected_slots(sinks, win, t)
+        for p in range(t):  # the cache itself stores them there
+            x = torch.full((1, 1, 1, 1), float(p))
+            cache.append(x, x)
+        assert cache._k[0, 0, :, 0].long().tolist() == held
+        slots = sorted(g for g in patches if g.startswith(f"{tag} slot "))
+        assert slots == sorted(f"{tag} slot {s} holds {p}" for s, p in enumerate(held))
+        assert [labels[f"{tag} slot {s}"].get_text() for s in range(size)] == [str(p) for p in held]
+        assert f"{tag} next {nxt}" in patches
+        positions = [g for g in patches if g.startswith(f"{tag} position ")]
+        assert len(positions) == t + 1  # 0 .. t - 1, and the next one
+        for p in range(t):
+            kind = "sink" if p < sinks else "kept" if p in held else "evicted"
+            assert f"{tag} position {p} {kind}" in patches
+        assert f"{tag} position {t} next" in patches
+        assert f"position {t} goes to slot {nxt}, overwriting position {held[nxt]}" in d.alt
+    assert f"SinkCache(n_sink={n_sink}, window={window})" in strings(d)
+    assert (f"SlidingWindowCache(window={size})" in strings(d)) == sliding
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda: diagrams.paged_block_table(()), ValueError, "1 to 4 token counts"),
+    (lambda: diagrams.paged_block_table((1, 2, 3, 4, 5)), ValueError, "1 to 4 token counts"),
+    (lambda: diagrams.paged_block_table("abc"), ValueError, "sequence of 1 to 4 token counts"),
+    (lambda: diagrams.paged_block_table((3, 0)), ValueError, "each length must be positive, got 0"),
+    (lambda: diagrams.paged_block_table((3,), 0), ValueError, "block_size must be positive"),
+    (lambda: diagrams.paged_block_table((3,), 9), ValueError, "block_size must be at most 8"),
+    (lambda: diagrams.paged_block_table((10, 6, 7), 4, 6), ValueError,
+     "n_blocks must be from the 7 blocks the requests need to 12"),
+    (lambda: diagrams.paged_block_table((99,), 8), ValueError, "the 13 blocks the requests need"),
+    (lambda: diagrams.paged_block_table((3,), 4, 13), ValueError, "to 12"),
+    (lambda: diagrams.paged_block_table((3.0,)), TypeError, "each length must be an int, got float"),
+    (lambda: diagrams.rolling_sink_buffer(-1), ValueError, "n_sink must be from 0 to 8, got -1"),
+    (lambda: diagrams.rolling_sink_buffer(4, 0), ValueError, "window must be positive"),
+    (lambda: diagrams.rolling_sink_buffer(8, 9, 20), ValueError, "at most 16 slots"),
+    (lambda: diagrams.rolling_sink_buffer(4, 8, 11), ValueError,
+     r"t must be from n_sink \+ window = 12 \(the buffer full\) to 32, got 11"),
+    (lambda: diagrams.rolling_sink_buffer(4, 8, 33), ValueError, "to 32, got 33"),
+    (lambda: diagrams.rolling_sink_buffer(4, 8, 19.0), TypeError, "t must be an int, got float"),
+    (lambda: diagrams.rolling_sink_buffer(True), TypeError, "n_sink must be an int, got bool"),
+])
+def test_cache_diagrams_say_what_is_wrong(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()

@@ -12,6 +12,11 @@ its alt text; it fits the page (``viz.PAGE_WIDTH`` inches at 100 dpi, text at le
 * :func:`kv_heads`: which key/value head each query head reads in MHA, GQA and MQA (chapter 7).
 * :func:`rope_rotation`: RoPE turning one pair of features by position (chapter 5).
 * :func:`online_softmax_tiles`: the tiles FlashAttention's online softmax walks (chapter 9).
+* :func:`paged_block_table`: PagedAttention's block tables, each request's logical blocks onto
+  one shared pool, drawn from a real :class:`~selfattn.cache.BlockPool` and one
+  :class:`~selfattn.cache.PagedKVCache` per request.
+* :func:`rolling_sink_buffer`: which position each slot of a :class:`~selfattn.cache.SinkCache`
+  (and a :class:`~selfattn.cache.SlidingWindowCache`) holds after ``t`` tokens, read from its buffer.
 """
 
 from __future__ import annotations
@@ -635,3 +640,405 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
                         f"{'a view without a copy' if is_view else 'a copy'}; each group's rows "
                         f"attend to its one key/value head in a single matrix-matrix product, "
                         f"where head by head it would take {g} matrix-vector products.")
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-head latent attention
+
+
+def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
+                     d_model: int | None = None) -> Diagram:
+    r"""Multi-head latent attention (DeepSeek-V2, §2.1): what a token leaves in the cache and the
+    two ways the heads read it back. The hidden state $h_t$ gives one latent $c_t$
+    (``kv_down``, ``kv_rank`` numbers, shared by every head) and, with ``rope_dim``, one
+    rotated rope key $k^R_t$ shared by every head: the cache holds ``kv_rank + rope_dim``
+    numbers per token. Explicit form: ``k_up`` ($W^{UK}$) and ``v_up`` ($W^{UV}$) build every
+    head's key and value from each cached latent. Absorbed form (decoding): $W^{UK}$ goes into
+    the query and $W^{UV}$ into the output projection, and the heads attend to the latents
+    themselves (§2.1.2). Sizes, names and the cache count come from a
+    :class:`~selfattn.latent.MultiHeadLatentAttention` built with these arguments
+    (``d_model`` defaults to ``n_heads * head_dim``)."""
+    from ..latent import MultiHeadLatentAttention
+
+    check_positive_int(n_heads, "n_heads", most=8)
+    for value, name in [(head_dim, "head_dim"), (kv_rank, "kv_rank")]:
+        check_positive_int(value, name, most=9999)
+    d_model = n_heads * head_dim if d_model is None else check_positive_int(d_model, "d_model",
+                                                                            most=99999)
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
+        raise TypeError(f"rope_dim must be an int, got {type(rope_dim).__name__}")
+    if not 0 <= rope_dim <= 9998:  # the layer checks that it is even
+        raise ValueError(f"rope_dim must be from 0 to 9998, got {rope_dim}")
+    with torch.device("meta"):  # the sizes and names only: no weights are allocated
+        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
+    h, hd, r, dr = layer.n_heads, layer.head_dim, layer.kv_rank, layer.rope_dim
+    cached, mha = layer.cache_numbers_per_token(), 2 * h * hd
+    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
+    W, H = PAGE_WIDTH, 4.9
+    ROPE, CACHE = _TAB[5], _TAB[3]
+    fig, ax = _canvas(W, H)
+    mono = {"family": MONO, "size": 8}
+    _text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
+    # the token: its hidden state
+    x_h, y_h = 0.55, 2.55
+    _text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
+    _box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
+    # the cache: the latent and the shared rope key, all a token leaves behind
+    x_c, cw, y_c, y_r = 2.22, 1.45, 3.15, 1.95
+    ax.add_patch(FancyBboxPatch((x_c - cw / 2 - 0.08, y_r - 0.4), cw + 0.16, y_c - y_r + 0.82,
+                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=_tint(CACHE, 0.08),
+                                edgecolor=CACHE, linewidth=1.0, linestyle="--", gid="cache"))
+    _text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
+    _box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
+    ax.patches[-1].set_linewidth(2.0)  # the latent: the one thing every head shares
+    if dr:
+        _box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
+             gid="rope key")
+    else:
+        _text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
+    numbers = "number" if cached == 1 else "numbers"
+    _text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
+          ha="center", **mono)
+    _arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
+    if dr:
+        _arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
+    # explicit: every cached latent up-projected to every head's key and value
+    x0 = 3.2  # the right half starts here
+    _text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
+    y_k, y_v = 4.15, 3.6
+    x_lab, x1, x2 = x0 + 0.05, 4.25, W - 0.1  # the labels, then the heads from x1 to x2
+    pitch = (x2 - x1) / h
+    bw = min(0.85 * pitch, 0.6)
+    content = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    for y, name, color, label in [(y_k, "k_up", K, r"$W^{UK}$"), (y_v, "v_up", V, r"$W^{UV}$")]:
+        _text(ax, x_lab, y, name, **mono)
+        _text(ax, x_lab + 0.4, y, label, size=10)
+        _arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
+        for i in range(h):
+            left = x1 + pitch * i + (pitch - bw) / 2
+            width = content if name == "k_up" else bw * hd / (k_width + dr)
+            label = f"{name[0]}{i}" if width >= 0.05 * len(f"{name[0]}{i}") + 0.04 else ""
+            _box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
+                 gid=f"{name[0]}{i}")
+            if name == "k_up" and dr:
+                _box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
+                     gid=f"rope{i}")
+    key = f"key {k_width} + {dr} (k^R, shared)" if dr else f"key {k_width}"
+    _text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
+          "built from every cached latent", va="top", linespacing=1.3, **mono)
+    # absorbed: the heads attend to the latents themselves
+    _text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
+    y_s, y_o = 1.85, 0.95
+    xb, xa, bw2 = 4.05, 5.9, 1.55
+    rope_score = r" + q_i^{R\top} k^R_j" if dr else ""
+    _box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
+         size=10, gid="scores")
+    _box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
+         Q, size=10, gid="query")
+    _box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
+         gid="weighted latents")
+    _box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
+         gid="output")
+    _arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
+    _arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
+    _arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
+    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
+    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
+    if dr:
+        _arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
+    _text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
+    # what the cache costs, against multi-head attention
+    share = Fraction(cached, mha)
+    _text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
+          f"{mha}; {share} of it", size=8, family=MONO)
+    alt_rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
+                " (no rope key: rope_dim is 0)")
+    return Diagram(fig, f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden "
+                        f"state of {layer.d_model} numbers gives one latent c of {r} numbers{alt_rope}; "
+                        f"the KV cache holds these {cached} numbers per token, where multi-head "
+                        f"attention holds 2 × {h} × {hd} = {mha}. The explicit form up-projects every "
+                        f"cached latent with W^UK and W^UV into each head's key and value; the absorbed "
+                        f"form, for decoding, folds W^UK into the query and W^UV into the output "
+                        f"projection, so each head scores and sums the latents themselves.")
+
+
+# ---------------------------------------------------------------------------------------------
+# caches: paged blocks, rolling buffers
+
+
+def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[object, list]:
+    """A :class:`~selfattn.cache.BlockPool` and one :class:`~selfattn.cache.PagedKVCache` per
+    request, decoded side by side: every step, each unfinished request appends one token, whose key
+    holds its position and whose value its request's index (one head of width 1). The pool starts
+    as NaN, so a slot no token was written to reads as empty."""
+    from ..cache import BlockPool, PagedKVCache
+
+    pool = BlockPool(n_blocks, block_size, 1, 1, dtype=torch.float64)
+    pool.k.fill_(math.nan)
+    pool.v.fill_(math.nan)
+    caches = [PagedKVCache(pool) for _ in lengths]
+    for step in range(max(lengths)):
+        for r, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
+            if step < n:
+                cache.append(torch.full((1, 1, 1, 1), float(step), dtype=torch.float64),
+                             torch.full((1, 1, 1, 1), float(r), dtype=torch.float64))
+    return pool, caches
+
+
+def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
+                      n_blocks: int | None = None) -> Diagram:
+    r"""PagedAttention's memory (Kwon et al. 2023, §4.1–4.2): each request is a sequence of logical
+    blocks of ``block_size`` tokens, and its ``block_table`` maps them onto physical blocks of one
+    shared :class:`~selfattn.cache.BlockPool`, anywhere in it: token $p$ lives in block
+    ``block_table[p // block_size]`` at slot ``p % block_size``. Only each request's last block is
+    partly filled, the only memory wasted; the rest of the pool is on the free list.
+
+    Drawn from a real pool: the requests (1 to 4, of ``lengths`` tokens) decode side by side, one
+    token each per step, through :class:`~selfattn.cache.PagedKVCache`, so their blocks interleave
+    in the pool. The tables, the token in every physical slot (read back from the pool's ``k``),
+    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own.
+    ``n_blocks`` defaults to the blocks the requests need plus two free ones."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise ValueError(f"lengths must be a sequence of 1 to 4 token counts, got {lengths!r}")
+    lengths = list(lengths)
+    if not 1 <= len(lengths) <= 4:
+        raise ValueError(f"lengths must hold 1 to 4 token counts (one per request), got {len(lengths)}")
+    for n in lengths:
+        check_positive_int(n, "each length", most=99)
+    check_positive_int(block_size, "block_size", most=8)
+    needed = sum(math.ceil(n / block_size) for n in lengths)
+    n_blocks = needed + 2 if n_blocks is None else check_positive_int(n_blocks, "n_blocks")
+    if not needed <= n_blocks <= 12:
+        raise ValueError(f"n_blocks must be from the {needed} blocks the requests need to 12 (to fit "
+                         f"the page), got {n_blocks}")
+    pool, caches = _paged_run(lengths, block_size, n_blocks)
+    tables = [list(c.block_table) for c in caches]
+    names = "ABCD"[:len(lengths)]
+    colors = [Q, K, V, OUT]
+    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
+    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
+    owner = {b: r for r, table in enumerate(tables) for b in table}
+    slot_bytes = pool.bytes_per_block // block_size
+    unused = [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches]
+    W, H = PAGE_WIDTH, 4.1
+    fig, ax = _canvas(W, H)
+    mono = {"family": MONO, "size": 8}
+    bold = {"size": 8.5, "weight": "bold"}
+    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+               for name, n, table in zip(names, lengths, tables, strict=True)]
+    gap_b, gap_r, margin = 0.06, 0.3, 0.1  # between blocks, between requests, at the sides
+
+    def header_width(r: int) -> float:
+        return max(0.075 * len(headers[r][0]), 0.067 * len(headers[r][1])) + 0.1
+
+    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)  # a block's width
+    while True:  # narrower blocks until the requests, each under its header, fit side by side
+        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, header_width(r)) for r, t in enumerate(tables)]
+        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
+            break
+        bw -= 0.02
+    cw = bw / block_size  # a slot's width
+    labelled = cw >= 0.16  # room for a two-digit position in each slot
+    ch = 0.3
+    y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
+    _text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
+          "one shared pool", **bold)
+    _text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
+          "one token each per step, so their blocks interleave", size=8)
+
+    def block(x: float, y: float, r: int | None, cells: list[tuple[str, bool]], gid: str,
+              text_gid: str) -> None:
+        """A block of ``block_size`` slots, left edge at ``x``: each slot's label and whether a
+        token fills it (an empty slot is hatched: room allocated, not used)."""
+        color = GREY if r is None else colors[r]
+        ax.add_patch(FancyBboxPatch((x, y - ch / 2), bw, ch, boxstyle="round,pad=0,rounding_size=0.04",
+                                    facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
+        for s, (label, full) in enumerate(cells):
+            fill = _tint(color, 0.3) if full else "white"
+            ax.add_patch(FancyBboxPatch((x + s * cw + 0.015, y - ch / 2 + 0.03), cw - 0.03, ch - 0.06,
+                                        boxstyle="square,pad=0", facecolor=fill, edgecolor="none",
+                                        hatch=None if full or r is None else "////", zorder=2))
+            if r is not None and not full:
+                ax.patches[-1].set_edgecolor(_tint(color, 0.5))
+                ax.patches[-1].set_linewidth(0)
+            if label and labelled:
+                _text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
+                      gid=f"{text_gid}.{s}")
+
+    # the pool's physical blocks, left to right by number
+    pitch_p = (W - 2 * margin - bw) / max(n_blocks - 1, 1)
+    x_phys = [margin + b * min(pitch_p, bw + 0.3) for b in range(n_blocks)]
+    shift = (W - (x_phys[-1] + bw) - margin) / 2
+    x_phys = [x + shift for x in x_phys]
+    for b in range(n_blocks):
+        r = owner.get(b)
+        cells = [("" if math.isnan(p) else str(int(p)), not math.isnan(p)) for p in stored_pos[b]]
+        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
+        block(x_phys[b], y_phys, r, cells, f"physical {b}: " + ("free" if r is None else names[r]),
+              f"physical {b}")
+        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center", weight="bold")
+        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
+              ha="center", color=GREY if r is None else INK)
+    _text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
+          f"block_size={block_size}), shared; under each, its number and the request holding it",
+          size=8)
+    # each request's logical blocks, and an arrow from each to the physical block it maps to
+    x = margin + (W - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
+    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
+        mid = x + group / 2
+        _text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
+        _text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
+        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
+        for j, b in enumerate(table):
+            xj = left + j * (bw + gap_b)
+            cells = [(str(p), True) if p < n else ("", False)
+                     for p in range(j * block_size, (j + 1) * block_size)]
+            block(xj, y_log, r, cells, f"logical {names[r]}{j} -> {b}", f"logical {names[r]}{j}")
+            _arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
+                   colors[r], lw=0.9)
+        x += group + gap_r
+    waste = " + ".join(str(u) for u in unused)
+    total = sum(len(t) for t in tables) * block_size
+    free = pool.free_blocks
+    _text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
+          f"of {total} allocated", size=8)
+    _text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)", size=8,
+          family=MONO)
+    maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
+                     for name, n, table in zip(names, lengths, tables, strict=True))
+    return Diagram(fig, f"PagedAttention: {len(lengths)} request{'s' if len(lengths) > 1 else ''} decoded "
+                        f"side by side store their keys and values in blocks of {block_size} tokens "
+                        f"taken from one shared pool of {n_blocks} physical blocks; {maps}. Each "
+                        f"request's logical blocks map onto physical blocks that need not be adjacent; "
+                        f"only each request's last block is partly filled ({sum(unused)} unused slots "
+                        f"of {total}), and blocks {free} are free.")
+
+
+def _rolling_run(cache, t: int) -> tuple[list[int], int]:
+    """Feed ``cache`` (a fresh :class:`~selfattn.cache.SinkCache` or
+    :class:`~selfattn.cache.SlidingWindowCache`) ``t`` tokens one at a time, each key holding its
+    own position; return the position each buffer slot holds now, read back from the cache's
+    buffer, and the slot the next token (position ``t``) will be written to."""
+    for p in range(t):
+        x = torch.full((1, 1, 1, 1), float(p), dtype=torch.float64)
+        cache.append(x, x)
+    held = [int(p) for p in cache._k[0, 0, :, 0].tolist()]  # (n_sink + window,): its buffer, read back
+    nxt = int(cache._slots(torch.tensor([t]))[0])  # where append writes position t
+    return held, nxt
+
+
+def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True) -> Diagram:
+    r"""A :class:`~selfattn.cache.SinkCache` after ``t`` tokens (StreamingLLM, Xiao et al. 2023,
+    §3.2): the positions $0 \dots t-1$ on a line, the evicted ones grey, and the cache's
+    ``n_sink + window`` buffer slots, each joined to the position it holds now. The sinks stay in
+    slots $0 \dots n_\text{sink}-1$ forever; position $p \ge n_\text{sink}$ goes to slot
+    $n_\text{sink} + (p - n_\text{sink}) \bmod W$, overwriting the token $W$ positions before it,
+    so the window's slots are rewritten in rolling order; the next write (position $t$) is
+    dashed. With ``sliding``, below it a :class:`~selfattn.cache.SlidingWindowCache` of as many
+    slots, which keeps no sinks (Jiang et al. 2023, §2: slot $p \bmod W$).
+
+    The slot contents are read back from the caches' buffers after ``t`` real appends (each key
+    holds its position), and the next slot from the cache's own slot rule, so the picture cannot
+    disagree with the code. ``t`` is at least ``n_sink + window`` (the buffer full)."""
+    from ..cache import SinkCache, SlidingWindowCache
+
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
+        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
+    if not 0 <= n_sink <= 8:
+        raise ValueError(f"n_sink must be from 0 to 8, got {n_sink}")
+    check_positive_int(window, "window", most=16)
+    size = n_sink + window
+    if size > 16:
+        raise ValueError(f"n_sink + window must be at most 16 slots to draw, got {n_sink} + {window}")
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise TypeError(f"t must be an int, got {type(t).__name__}")
+    if not size <= t <= 32:
+        raise ValueError(f"t must be from n_sink + window = {size} (the buffer full) to 32, got {t}")
+    panels = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
+    if sliding:
+        panels.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
+    SINK, KEPT, EVICTED, NEXT = OUT, Q, "#eeeeee", K
+    ph, sh, link = 0.26, 0.34, 0.62  # a position's height, a slot's height, the lines between
+    panel_h = 0.3 + ph + link + sh + 0.32
+    W, H = PAGE_WIDTH, 0.55 + len(panels) * panel_h + 0.3
+    fig, ax = _canvas(W, H)
+    x0, margin = 0.95, 0.1  # the rows start after their captions
+    pw = min(0.3, (W - x0 - margin) / (t + 1))  # t positions and the next one
+    sw = min(0.42, (W - x0 - margin) / size)
+    tokens = f"{t} token{'s' * (t > 1)}"
+    _text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
+          size=8.5, weight="bold")
+    _text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
+          "Jiang et al. 2023, §2)", size=8)
+    summary = []
+    for k, (tag, title, cache, sinks) in enumerate(panels):
+        held, nxt = _rolling_run(cache, t)
+        top = H - 0.55 - k * panel_h
+        y_p, y_s = top - 0.3 - ph / 2, top - 0.3 - ph - link - sh / 2
+        win = size - sinks
+        _text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
+        rolling = f"{_slot_range(sinks, size)} roll" + "s" * (win == 1)
+        kept_sinks = f"{_slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
+        _text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
+        _text(ax, margin, y_p, "positions", size=8)
+        _text(ax, margin, y_s, "buffer slots", size=8)
+        kept = set(held)
+        for p in range(t + 1):
+            x = x0 + (p + 0.5) * pw
+            kind = "next" if p == t else "sink" if p < sinks else "kept" if p in kept else "evicted"
+            color = {"next": NEXT, "sink": SINK, "kept": KEPT, "evicted": GREY}[kind]
+            fill = {"next": "white", "evicted": EVICTED}.get(kind, _tint(color, 0.3))
+            ax.add_patch(FancyBboxPatch((x - pw / 2 + 0.01, y_p - ph / 2), pw - 0.02, ph,
+                                        boxstyle="round,pad=0,rounding_size=0.03", facecolor=fill,
+                                        edgecolor=color, linewidth=0.9, linestyle="--" if p == t else "-",
+                                        gid=f"{tag} position {p} {kind}"))
+            _text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
+                  color=GREY if kind == "evicted" else INK)
+        for s, p in enumerate(held):
+            xs, xp = x0 + (s + 0.5) * sw, x0 + (p + 0.5) * pw
+            color = SINK if s < sinks else KEPT
+            _box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
+            ax.texts[-1].set_gid(f"{tag} slot {s}")
+            ax.plot([xs, xp], [y_s + sh / 2, y_p - ph / 2], color=color, lw=0.8, zorder=1)
+            _text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
+        # the next write: position t into slot nxt, over the oldest token of the window
+        xs = x0 + (nxt + 0.5) * sw
+        ax.add_patch(FancyBboxPatch((xs - sw / 2 + 0.005, y_s - sh / 2 - 0.035), sw - 0.01, sh + 0.07,
+                                    boxstyle="round,pad=0,rounding_size=0.05", facecolor="none",
+                                    edgecolor=NEXT, linewidth=1.6, linestyle="--", gid=f"{tag} next {nxt}"))
+        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=NEXT, lw=1.2,
+                ls="--", zorder=1)
+        evicted = t - len(kept)
+        sinks_in = f"sinks in {_slot_range(0, sinks)}, " if sinks else ""
+        summary.append(f"{title} ({sinks_in}the last {win} rolling in {_slot_range(sinks, size)}) keeps "
+                       f"positions {_runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
+                       f"{nxt}, overwriting position {held[nxt]}")
+    legend = [(SINK, _tint(SINK, 0.3), "sink", "-")] if n_sink else []
+    legend += [(KEPT, _tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
+               (NEXT, "white", f"next write (position {t})", "--")]
+    x = margin
+    for edge, fill, label, style in legend:
+        ax.add_patch(FancyBboxPatch((x, 0.1), 0.22, 0.16, boxstyle="round,pad=0,rounding_size=0.03",
+                                    facecolor=fill, edgecolor=edge, linewidth=1.0, linestyle=style))
+        _text(ax, x + 0.28, 0.18, label, size=8)
+        x += 0.28 + 0.068 * len(label) + 0.3
+    sinks_stay = "The sinks stay in their slots; the" if n_sink else "The"
+    return Diagram(fig, f"Rolling key/value buffers after {tokens}. " + ". ".join(summary)
+                        + f". {sinks_stay} window's slots are overwritten in rolling order, each "
+                        "new token replacing the one a window's length before it.")
+
+
+def _runs(numbers: list[int]) -> str:
+    """``0–3, 11–18``: sorted whole numbers as runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+
+
+def _slot_range(start: int, stop: int) -> str:
+    """``slot 3`` or ``slots 4–11``: the slots ``start`` to ``stop - 1``."""
+    return f"slot {start}" if stop - start == 1 else f"slots {start}–{stop - 1}"
