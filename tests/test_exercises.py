@@ -569,3 +569,22 @@ def test_chapter_3_general_score_gives_the_transpose_hint_only_for_its_error(bod
     code = f"def general_score(query, key, W):\n    {body}\n\nanswer = general_score\n"
     ok, out = verdict(capsys, "check_general_score", run(code))
     assert ok is False and "reverses every axis" not in out, out
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (80 * 2 * 8 * 128 * 2, None),
+    (80 * 8 * 128 * 2, "keys or the values"),
+    (80 * 2 * 64 * 128 * 2, "query heads"),
+    (2 * 8 * 128 * 2, "one layer"),
+    (80 * 2 * 8 * 128 * 4, "4 bytes"),
+    (12345, "is not it"),
+    (None, "set the answer"),
+])
+def test_chapter_11_model_cache_bytes(answer, hint, capsys):
+    passed = ex.check_model_cache_bytes(answer)
+    out = capsys.readouterr().out
+    assert passed is (hint is None)
+    if hint is None:
+        assert "320 KiB" in out
+    else:
+        assert hint in out

@@ -813,5 +813,236 @@ def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
                 for name, fn in calls.items()]
 
 
+# --- chapter 11: decoding in practice --------------------------------------------------------
+
+from ..cache import Cache  # noqa: E402
+from .models import DecoderBlock, TinyDecoder  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheRace:
+    """What :func:`cache_vs_recompute` measured: greedy decoding of ``n_new`` tokens after a
+    prompt of ``prompt_len``, by recomputing the whole prefix at every step and with KV caches.
+
+    Step ``i`` computes new token ``i`` from the ``context[i] = prompt_len + i`` tokens known
+    so far. Step 0 is the same pass over the prompt both ways (with caches, the prefill); from
+    step 1 on, the recompute pass runs ``context[i]`` tokens through the model and the cached one
+    a single token. Per step: the median wall time over the repeats (``*_ms``), the tokens run
+    through the model (``*_tokens_run``), the (query, key) pairs each head of each layer scores
+    (``*_pairs``) and the FLOPs (``*_flops``: twice the multiply-adds of the matrix products; the
+    norms, softmax and GELU are not counted). ``recompute_generated`` and ``cached_generated``
+    are the generated token ids, ``(B, n_new)``: the same, or caching changed the model's output.
+    """
+
+    prompt_len: int
+    context: list[int]
+    recompute_ms: list[float]
+    cached_ms: list[float]
+    recompute_generated: Tensor
+    cached_generated: Tensor
+    recompute_tokens_run: list[int]
+    cached_tokens_run: list[int]
+    recompute_pairs: list[int]
+    cached_pairs: list[int]
+    recompute_flops: list[int]
+    cached_flops: list[int]
+    repeats: int
+
+    @property
+    def same_tokens(self) -> bool:
+        """Whether both ways generated the same tokens."""
+        return torch.equal(self.recompute_generated, self.cached_generated)
+
+    def growth(self, way: str) -> float:
+        """How much slower a step of ``way`` (``"recompute"`` or ``"cached"``) is at the end than
+        at the start: the median ms of the last quarter of steps over that of the first quarter
+        (step 0, the prompt pass, left out)."""
+        ms = self._ms(way)[1:]
+        quarter = max(1, len(ms) // 4)
+        return statistics.median(ms[-quarter:]) / statistics.median(ms[:quarter])
+
+    def slope(self, way: str) -> float:
+        """Milliseconds that one more token of context adds to a step of ``way``: the
+        least-squares slope of ms against context (step 0 left out)."""
+        x, y = self.context[1:], self._ms(way)[1:]
+        mx, my = statistics.fmean(x), statistics.fmean(y)
+        return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Each way's sums over every step: ``ms``, ``tokens_run``, ``pairs``, ``flops``."""
+        return {way: {"ms": sum(self._ms(way)),
+                      "tokens_run": sum(getattr(self, f"{way}_tokens_run")),
+                      "pairs": sum(getattr(self, f"{way}_pairs")),
+                      "flops": sum(getattr(self, f"{way}_flops"))}
+                for way in ("recompute", "cached")}
+
+    def _ms(self, way: str) -> list[float]:
+        if way not in ("recompute", "cached"):
+            raise ValueError(f"way must be 'recompute' or 'cached', got {way!r}")
+        return self.recompute_ms if way == "recompute" else self.cached_ms
+
+
+def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
+    """FLOPs of one pass of ``new`` tokens per sequence through ``model``, the ``j``-th new
+    token attending to ``keys - new + j + 1`` keys: every linear layer's weights once per token,
+    and ``q.k`` and ``weights.v`` for each (query, key) pair of each head (2 FLOPs a product)."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    pairs = new * keys - new * (new - 1) // 2  # causal pairs of the new queries
+    attn = model.blocks[0].attn.config
+    return batch * (2 * linear * new + len(model.blocks) * 4 * attn.n_heads * attn.head_dim * pairs)
+
+
+def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: int = 3,
+                       make_cache: type[Cache] | None = None, **cache_kwargs: object) -> CacheRace:
+    """Greedy decoding of ``n_new`` tokens after ``prompt`` (B, P), two ways, timed step by step
+    side by side:
+
+    * recompute: every step runs the whole sequence so far through ``model`` and keeps the last
+      position's logits (no cache: step ``i`` costs ``O(P + i)`` tokens, ``O((P + i)^2)``
+      attention pairs, so the whole decode grows as ``n^2`` tokens);
+    * cached: the prompt goes through once, filling one KV cache per block
+      (:meth:`~selfattn.book.models.TinyDecoder.new_caches`, ``make_cache(**cache_kwargs)``,
+      default :class:`~selfattn.cache.KVCache`), then each step runs only the newest token,
+      whose query attends to the cached keys (``O(1)`` tokens and ``O(P + i)`` pairs a step).
+
+    In each of ``repeats`` rounds both decode in lockstep, one step of each in turn (which goes
+    first alternates), so a slow moment of a shared machine hits both; each step's time is the
+    median over the rounds. The model runs in eval mode without autograd. Chapter 11 uses
+    ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
+    (a few seconds on one thread).
+    """
+    if not isinstance(model, TinyDecoder):
+        raise TypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
+    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be (batch, seq) token ids, at least one token; got "
+                         f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}")
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 2:
+        raise ValueError(f"n_new must be an int >= 2 (the prompt pass, then steps), got {n_new!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    B, P = prompt.shape
+    was_training = model.training
+    model.eval()
+
+    def recompute(state: dict) -> Tensor:
+        logits = model(state["seq"])  # (B, n, vocab): every position, again
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        state["seq"] = torch.cat([state["seq"], nxt], dim=1)  # (B, n + 1)
+        return nxt
+
+    def cached(state: dict) -> Tensor:
+        logits = model(state["new"], state["caches"])  # (B, 1 or P, vocab): only the new tokens
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        state["new"] = nxt  # the next step runs only this token
+        return nxt
+
+    samples: dict[str, list[list[float]]] = {"recompute": [], "cached": []}
+    generated: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for r in range(repeats + 1):  # round 0 warms up, untimed
+            states = {"recompute": {"seq": prompt},
+                      "cached": {"new": prompt,
+                                 "caches": model.new_caches(make_cache, **cache_kwargs)}}
+            steps = {"recompute": recompute, "cached": cached}
+            order = ["recompute", "cached"] if r % 2 else ["cached", "recompute"]
+            times: dict[str, list[float]] = {way: [] for way in order}
+            tokens: dict[str, list[Tensor]] = {way: [] for way in order}
+            for way in order:
+                for _ in range(n_new if r else min(n_new, 16)):
+                    start = time.perf_counter()
+                    tokens[way].append(steps[way](states[way]))
+                    times[way].append(time.perf_counter() - start)
+            if r:
+                for way in order:
+                    samples[way].append(times[way])
+                    generated[way] = torch.cat(tokens[way], dim=1)  # (B, n_new)
+    model.train(was_training)
+    context = [P + i for i in range(n_new)]
+    pairs = [n * (n + 1) // 2 for n in context]  # causal pairs of a whole sequence of n tokens
+    return CacheRace(
+        prompt_len=P, context=context,
+        recompute_ms=[1e3 * statistics.median(s) for s in zip(*samples["recompute"], strict=True)],
+        cached_ms=[1e3 * statistics.median(s) for s in zip(*samples["cached"], strict=True)],
+        recompute_generated=generated["recompute"], cached_generated=generated["cached"],
+        recompute_tokens_run=context, cached_tokens_run=[P, *[1] * (n_new - 1)],
+        recompute_pairs=pairs, cached_pairs=[pairs[0], *context[1:]],
+        recompute_flops=[_decoder_flops(model, n, n, B) for n in context],
+        cached_flops=[_decoder_flops(model, P, P, B)] + [_decoder_flops(model, 1, n, B)
+                                                          for n in context[1:]],
+        repeats=repeats)
+
+
+def block_step_benchmark(contexts: tuple[int, ...] = (1024, 8192), batches: tuple[int, ...] = (1, 8),
+                         d_model: int = 512, n_heads: int = 8, kv_heads: tuple[int, ...] = (8, 2, 1),
+                         ffn_hidden: int | None = None, repeats: int = 9, warmup: int = 2,
+                         seed: int = 0) -> list[dict]:
+    """One decoding step of one :class:`~selfattn.book.models.DecoderBlock` (attention with RoPE,
+    then the feed-forward layer, ``ffn_hidden`` wide, default ``4 * d_model``), one new token for
+    each of ``batch`` sequences whose KV caches hold ``context`` tokens, for MHA, GQA and MQA
+    (``kv_heads``), beside the bytes the step must read
+    (:func:`~selfattn.book.measure.decode_bytes`: the weights once, every sequence's cache).
+
+    :func:`decode_benchmark` times the attention layer alone at batch 1; this adds the
+    feed-forward weights every step reads too, and the batch, whose caches grow with it while the
+    weights are read once. Variants are interleaved in a rotated order in each repeat; the first
+    ``warmup`` repeats are dropped. Each row: ``context``, ``batch``, ``variant``, ``n_kv_heads``,
+    ``ms`` (median per step), ``mb`` (bytes read, MiB), ``gb_per_s`` (bytes / time),
+    ``bytes_vs_mha`` (MHA's bytes over this variant's: the speed-up if the step were bound by
+    memory alone) and ``speedup_vs_mha`` (measured). The caches hold random keys and values
+    (their numbers do not change the time).
+    """
+    ffn = 4 * d_model if ffn_hidden is None else ffn_hidden
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = {kv: DecoderBlock(d_model, n_heads, kv, ffn).eval() for kv in kv_heads}
+    names = {kv: "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}" for kv in kv_heads}
+    hd = d_model // n_heads
+    rows = []
+    g = torch.Generator().manual_seed(seed)
+    for context in contexts:
+        for batch in batches:
+            states = {}
+            for kv in kv_heads:
+                cache = KVCache(capacity=context + warmup + repeats + 1)
+                k = torch.randn(batch, kv, context, hd, generator=g)  # (B, H_kv, context, hd)
+                cache.append(k, torch.randn(batch, kv, context, hd, generator=g))
+                states[kv] = (cache, torch.randn(batch, 1, d_model, generator=g))  # (B, 1, d)
+            samples: dict[int, list[float]] = {kv: [] for kv in kv_heads}
+            order = list(kv_heads)
+            with torch.no_grad():
+                for r in range(warmup + repeats):
+                    for kv in order[r % len(order):] + order[: r % len(order)]:
+                        cache, x = states[kv]
+                        synchronize()
+                        start = time.perf_counter()
+                        blocks[kv](x, cache)
+                        synchronize()
+                        if r >= warmup:
+                            samples[kv].append(time.perf_counter() - start)
+            read = {kv: decode_bytes(d_model, n_heads, kv, context, hd, 4, ffn, batch)["total"]
+                    for kv in kv_heads}
+            ms = {kv: 1e3 * statistics.median(samples[kv]) for kv in kv_heads}
+            base = kv_heads[0]
+            for kv in kv_heads:
+                rows.append({"context": context, "batch": batch, "variant": names[kv],
+                             "n_kv_heads": kv, "ms": ms[kv], "mb": read[kv] / 2**20,
+                             "gb_per_s": read[kv] / (ms[kv] / 1e3) / 1e9,
+                             "bytes_vs_mha": read[base] / read[kv],
+                             "speedup_vs_mha": ms[base] / ms[kv]})
+    return rows
+
+
+def block_step_table(rows: list[dict]) -> str:
+    """:func:`block_step_benchmark`'s rows as text: per context and batch, each variant's ms per
+    step, the MiB it reads, the speed-up over the first variant (MHA) beside the bytes bound."""
+    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>8s} {'ms':>8s} {'MiB read':>9s} "
+             f"{'GB/s':>6s} {'speed-up':>9s} {'bytes bound':>12s}"]
+    for r in rows:
+        lines.append(f"{r['context']:7d} {r['batch']:5d} {r['variant']:>8s} {r['ms']:8.2f} "
+                     f"{r['mb']:9.1f} {r['gb_per_s']:6.1f} {r['speedup_vs_mha']:8.2f}x "
+                     f"{r['bytes_vs_mha']:11.2f}x")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":  # `make bench`
     main()

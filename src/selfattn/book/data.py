@@ -189,3 +189,59 @@ def order_blind_accuracy(task: Sequences) -> float:
     best = counts.max(0).values  # (N, T): the most frequent one's count
     p_right = torch.where(is_cue | (seen == 0), 1.0, best / seen.clamp(min=1))
     return p_right.mean().item()
+
+
+BOS = 0
+"""The token that opens every sequence of :func:`sink_task` (with ``bos=True``)."""
+
+
+@dataclass(frozen=True)
+class SinkData(Sequences):
+    """A batch of the sink task (:func:`sink_task`)."""
+
+    trigger: Tensor  # (N, T) bool: a trigger at t >= lag, tagged with the token lag back
+    lag: int
+    n_triggers: int
+    bos: bool  # does position 0 hold BOS (True), or an ordinary random token (False)?
+
+
+def sink_task(n: int, seq_len: int = 32, vocab_size: int = 16, n_triggers: int = 6, lag: int = 2,
+              n_filler_tags: int = 4, bos: bool = True, seed: int = 0) -> SinkData:
+    """A task where a causal head has, most of the time, nothing useful to attend to.
+
+    Position 0 holds :data:`BOS`; every other token is drawn uniformly from ``1..vocab_size-1``.
+    Tokens ``1..n_triggers`` are *triggers*: a trigger at ``t >= lag`` is tagged with the token
+    ``lag`` positions back (tag ``c`` for token ``c``, a copy). Every other token is tagged by
+    itself alone, ``vocab_size + token % n_filler_tags``. So a head must look back ``lag``
+    tokens from a trigger, and has nothing to fetch from any other token. This is a tagging
+    version of the Bigram-Backcopy task of Guo et al. (2024, "Active-Dormant Attention Heads",
+    §2), where a one-layer model's head parks on BOS whenever it has nothing to do (there the
+    trigger copies the previous token and the other tokens follow a bigram model; here the
+    copy is ``lag`` back and the tokens are uniform). Everything a tag depends on lies within
+    ``lag + 1`` tokens: a window of recent tokens holds all the information.
+
+    ``bos=False``: position 0 holds an ordinary random token instead, and every other token is
+    what the same ``seed`` gives with BOS (the control that separates "the first position" from
+    "the BOS token"). ``trigger`` marks the triggers at ``t >= lag``. The same seed always gives
+    the same data.
+    """
+    check_positive_int(n, "n")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(vocab_size, "vocab_size")
+    check_positive_int(n_filler_tags, "n_filler_tags")
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
+        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len!r}")
+    if isinstance(n_triggers, bool) or not isinstance(n_triggers, int) \
+            or not 1 <= n_triggers <= vocab_size - 2:
+        raise ValueError(f"need 1 <= n_triggers <= vocab_size - 2 = {vocab_size - 2} (BOS, the "
+                         f"triggers and at least one ordinary token), got n_triggers={n_triggers!r}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, vocab_size, (n, seq_len), generator=g)  # (N, T)
+    if bos:
+        tokens[:, 0] = BOS
+    trigger = (tokens >= 1) & (tokens <= n_triggers)  # (N, T): BOS is never a trigger
+    trigger[:, :lag] = False  # nothing lag back to copy
+    back = torch.roll(tokens, lag, dims=1)  # (N, T): the token lag back (wrapped where t < lag)
+    tags = torch.where(trigger, back, vocab_size + tokens % n_filler_tags)  # (N, T)
+    return SinkData(tokens, tags, vocab_size, vocab_size + n_filler_tags, trigger, lag, n_triggers,
+                    bos)

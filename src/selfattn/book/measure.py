@@ -163,11 +163,20 @@ def fit_exponent(sizes: list[float], times: list[float]) -> float:
 
 
 def decode_bytes(d_model: int, n_heads: int, n_kv_heads: int, context: int,
-                 head_dim: int | None = None, itemsize: int = 4) -> dict[str, int]:
-    """Bytes one decoding step must read: the projections' weights and the KV cache."""
+                 head_dim: int | None = None, itemsize: int = 4, ffn_hidden: int = 0,
+                 batch: int = 1) -> dict[str, int]:
+    """Bytes one decoding step of one layer must read: its weights, once for the whole batch,
+    and the KV cache of every sequence in the batch.
+
+    ``ffn_hidden``: the width of the feed-forward layer beside the attention (0: attention
+    alone; a block of the usual shape has ``4 * d_model``), whose two matrices are read at every
+    step too. ``batch``: sequences decoded together, each with its own cache of ``context``
+    tokens, sharing one read of the weights (Shazeer 2019 and Ainslie et al. 2023 count both).
+    """
     hd = head_dim or d_model // n_heads
-    weights = (d_model * n_heads * hd * 2 + d_model * n_kv_heads * hd * 2) * itemsize
-    cache = 2 * n_kv_heads * context * hd * itemsize
+    attention = (d_model * n_heads * hd * 2 + d_model * n_kv_heads * hd * 2) * itemsize
+    weights = attention + 2 * d_model * ffn_hidden * itemsize
+    cache = 2 * n_kv_heads * context * hd * itemsize * batch
     return {"weights": weights, "cache": cache, "total": weights + cache}
 
 
@@ -748,3 +757,281 @@ def _cue_view(weights: Tensor, tokens: Tensor, n_cues: int, first_query: int
     is_cue = (tokens >= 1) & (tokens <= n_cues)  # (B, L)
     latest = torch.where(is_cue, i, -1).cummax(1).values[:, first_query:]  # (B, Q)
     return w, is_cue, latest, i
+
+
+# --- decoding in practice: attention sinks and a sliding-window cache ------------------------
+
+SINK_SHARE = 0.3
+"""Gu et al. (2024, "When Attention Sink Emerges in Language Models: An Empirical View", their
+sink metric) count a head as a sink when its mean weight on the first token exceeds this share."""
+
+
+@torch.no_grad()
+def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int = 0
+                   ) -> dict[str, float]:
+    r"""The accuracy of a causal tagger (``AttentionTagger(..., causal=True)``) on ``data`` (a
+    :func:`~selfattn.book.data.sink_task` batch) when each query sees only the keys its KV cache
+    still holds, over the queries ``first_query`` onwards.
+
+    ``mask``: bool ``(T, T)``, True = the key is still in the cache, from
+    :func:`selfattn.causal_mask` (``causal_mask(T)`` the full cache, ``causal_mask(T,
+    window=w)`` window attention with the first tokens evicted, ``causal_mask(T, window=w,
+    n_sink=s)`` StreamingLLM's cache: the first ``s`` tokens kept beside the window; Xiao et al.
+    2023, "Efficient Streaming Language Models with Attention Sinks", §3.1-3.2, Figure 1). A
+    key out of the cache gets score $-\infty$:
+
+    $$\mathrm{acc} = \frac{1}{|Q|} \sum_{(b, t) \in Q} \big[\arg\max_c f(x_b;\, M)_{t, c} =
+    y_{b, t}\big], \qquad a_{tj} = \operatorname{softmax}_j\big(s_{tj} + (0 \text{ if } M_{tj}
+    \text{ else } -\infty)\big)$$
+
+    With RoPE a score depends only on the distance between query and key, so masking a key out
+    is evicting it from the cache, every other token keeping its position. Returns the accuracy
+    over ``"all"`` those queries, the ``"trigger"`` queries and the ``"other"`` ones
+    (``data.trigger``); NaN for a group with no query.
+    """
+    from ..masks import to_additive
+    from .data import SinkData
+
+    if not isinstance(data, SinkData):
+        raise TypeError(f"data must be a SinkData (from sink_task), got {type(data).__name__}")
+    T = data.tokens.shape[1]
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (T, T):
+        shown = (f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor)
+                 else type(mask).__name__)
+        raise ValueError(f"mask must be a bool ({T}, {T}) tensor, True = kept (from "
+                         f"selfattn.causal_mask({T}, window=..., n_sink=...)), got {shown}")
+    _check_first_query(first_query, T)
+    model.eval()
+    device = next(model.parameters()).device
+    logits = model(data.tokens.to(device), score_bias=to_additive(mask.to(device)))  # (B, T, n_tags)
+    right = (logits.argmax(-1).cpu() == data.tags)[:, first_query:]  # (B, Q)
+    trigger = data.trigger[:, first_query:]  # (B, Q)
+    return {"all": _mean(right), "trigger": _mean(right[trigger]), "other": _mean(right[~trigger])}
+
+
+def _mean(right: Tensor) -> float:
+    return right.float().mean().item() if right.numel() else float("nan")
+
+
+def _check_first_query(first_query: int, T: int) -> None:
+    if isinstance(first_query, bool) or not isinstance(first_query, int) \
+            or not 0 <= first_query < T:
+        raise ValueError(f"first_query must be an int in [0, {T}), got {first_query!r}")
+
+
+def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | None = None) -> Tensor:
+    r"""``(H,)``: the mean weight each head puts on position 0 (the attention sink), over the
+    queries at ``first_query`` onwards of every sequence, only those where ``where`` (bool
+    ``(B, T)``) is True if given. ``weights``: ``(B, H, T, S)``, each query's weights over the keys.
+
+    $$\text{share}_h = \frac{1}{|Q|} \sum_{(b, t) \in Q} a^{(h)}_{b, t, 0}$$
+
+    Gu et al. (2024, "When Attention Sink Emerges in Language Models: An Empirical View", their
+    sink metric) count a head as a sink when this share exceeds :data:`SINK_SHARE`. A head that spread its
+    weight evenly over the keys up to each query would put ``1 / (t + 1)`` on position 0.
+    """
+    if not isinstance(weights, Tensor) or weights.dim() != 4:
+        shown = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be a (B, H, T, S) tensor, got {shown}")
+    B, T = weights.shape[0], weights.shape[2]
+    _check_first_query(first_query, T)
+    on_first = weights[:, :, first_query:, 0]  # (B, H, Q)
+    chosen = torch.ones(B, T - first_query, dtype=torch.bool, device=weights.device)  # (B, Q)
+    if where is not None:
+        if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != (B, T):
+            shown = (f"{where.dtype} of shape {tuple(where.shape)}" if isinstance(where, Tensor)
+                     else type(where).__name__)
+            raise ValueError(f"where must be a bool (B, T) = {(B, T)} tensor, got {shown}")
+        chosen = where[:, first_query:].to(weights.device)  # (B, Q)
+    n = chosen.sum()
+    if n == 0:
+        raise ValueError("no query left to average over: where is False at every query from "
+                         f"first_query={first_query} on")
+    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / n  # (H,)
+
+
+@dataclass(frozen=True)
+class SinkEval:
+    """What evicting the first tokens does to one trained model (:func:`evaluate_sink`), over
+    the queries ``window`` onwards (the first whose window leaves position 0 out).
+
+    ``full``, ``window_only``, ``sink_window``: accuracy (``"all"``, ``"trigger"``, ``"other"``, as in
+    :func:`cache_accuracy`) with the full cache, with the last ``window`` tokens only, and with
+    the first ``n_sink`` tokens kept beside them. ``share_other``, ``share_trigger``: each head's
+    mean weight on position 0 with the full cache (:func:`first_token_share`), on the queries
+    that have nothing to fetch and on the triggers. ``share_uniform``: what a head that spread
+    its weight evenly would put there, ``mean_t 1 / (t + 1)``.
+    """
+
+    window: int
+    n_sink: int
+    full: dict[str, float]
+    window_only: dict[str, float]
+    sink_window: dict[str, float]
+    share_other: tuple[float, ...]
+    share_trigger: tuple[float, ...]
+    share_uniform: float
+
+    @property
+    def drop(self) -> float:
+        """How much accuracy evicting the first tokens costs: full cache minus window only."""
+        return self.full["all"] - self.window_only["all"]
+
+    @property
+    def gap(self) -> float:
+        """How far sink + window stays from the full cache: full minus sink + window."""
+        return self.full["all"] - self.sink_window["all"]
+
+    @property
+    def top_share(self) -> float:
+        """The largest share on position 0 of any head, on the queries with nothing to fetch."""
+        return max(self.share_other)
+
+    @property
+    def sink_heads(self) -> int:
+        """Heads whose share on position 0, on the queries with nothing to fetch, exceeds
+        :data:`SINK_SHARE`."""
+        return sum(s > SINK_SHARE for s in self.share_other)
+
+
+@dataclass(frozen=True)
+class SinkRecord(SinkEval):
+    """One seed of :func:`sink_experiment`: its :class:`SinkEval`, and the ``seed``, the arm
+    (``bos``), the mean training ``loss`` over its last 20 steps, the trained ``model`` and the
+    ``test`` data it was measured on (to measure it again, at another window, say)."""
+
+    seed: int
+    bos: bool
+    loss: float
+    model: torch.nn.Module = field(repr=False, compare=False)
+    test: object = field(repr=False, compare=False)
+
+
+def _check_window(window: int, n_sink: int, lag: int, T: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or not lag < window < T:
+        raise ValueError(f"window must be an int with lag < window < seq_len ({lag} < window < "
+                         f"{T}): it must hold the token a trigger copies, and leave some out; "
+                         f"got window={window!r}")
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
+        raise ValueError(f"n_sink must be an int >= 1 (the first tokens kept beside the window), "
+                         f"got {n_sink!r}")
+
+
+@torch.no_grad()
+def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) -> SinkEval:
+    """Measure one causal tagger trained on :func:`~selfattn.book.data.sink_task`: its accuracy
+    with the full cache, with a window of the last ``window`` tokens (the first tokens
+    evicted), and with the first ``n_sink`` tokens kept beside the window (Xiao et al. 2023,
+    §3.2), over the queries ``window`` onwards, where the three caches differ; and each head's
+    share of attention on position 0 with the full cache. See :class:`SinkEval`.
+
+    Every token keeps its position (a RoPE score sees only the distance), the sink included.
+    StreamingLLM numbers the tokens by their place in the cache instead, to stream past the
+    length the model was trained on; within that length the window's distances are the same
+    both ways, the sink's are not.
+    """
+    from ..masks import causal_mask
+    from .data import SinkData
+
+    if not isinstance(test, SinkData):
+        raise TypeError(f"test must be a SinkData (from sink_task), got {type(test).__name__}")
+    T = test.tokens.shape[1]
+    _check_window(window, n_sink, test.lag, T)
+    first = window  # the first query whose window leaves position 0 out
+    caches = {"full": causal_mask(T), "window_only": causal_mask(T, window=window),
+              "sink_window": causal_mask(T, window=window, n_sink=n_sink)}
+    accuracy = {name: cache_accuracy(model, test, mask, first) for name, mask in caches.items()}
+    device = next(model.parameters()).device
+    _, weights = model(test.tokens.to(device), need_weights=True)  # (B, H, T, T)
+    weights = weights.cpu()
+    other = first_token_share(weights, first, ~test.trigger)  # (H,)
+    trigger = first_token_share(weights, first, test.trigger)  # (H,)
+    uniform = (1 / torch.arange(first + 1, T + 1, dtype=torch.float64)).mean().item()
+    return SinkEval(window, n_sink, **accuracy, share_other=tuple(other.tolist()),
+                    share_trigger=tuple(trigger.tolist()), share_uniform=uniform)
+
+
+def sink_experiment(seeds: Sequence[int], data_seeds: tuple[int, int], *, window: int = 6,
+                    n_sink: int = 1, seq_len: int = 32, vocab_size: int = 16, n_triggers: int = 6,
+                    lag: int = 2, n_train: int = 2000, n_test: int = 500, d: int = 32,
+                    n_heads: int = 2, steps: int = 250, batch_size: int = 16, lr: float = 1e-2,
+                    progress: bool = True) -> dict[str, list[SinkRecord]]:
+    """Do heads with nothing to do park on the first token, and what does evicting it do?
+
+    Trains one one-layer causal ``AttentionTagger`` (RoPE, ``n_heads`` heads of width
+    ``d // n_heads``) per seed on :func:`~selfattn.book.data.sink_task`, side by side with
+    :func:`~selfattn.book.train.train_seeds`, in two arms: ``"BOS"``, every sequence opening
+    with the BOS token, and ``"control"``, the same sequences with an ordinary token at
+    position 0 (``bos=False``). Then measures each model with :func:`evaluate_sink`: the full
+    cache, window only, and sink + window.
+
+    The hypothesis (Xiao et al. 2023, §3.1; Guo et al. 2024, §2): a head with nothing to fetch
+    (every query but a trigger) puts its weight on BOS, whose value the rest of the model has
+    learned to live with (Guo et al. find it small, a "value-state drain"); evict BOS and that
+    weight lands on the tokens in the window, whose values were never meant to be added there,
+    and the tags change (window only drops) though every token a tag depends on is still in the
+    window (``window > lag``); keep BOS beside the window and the outputs come back (sink +
+    window close to full). In the control nothing marks position 0 (RoPE scores see only
+    distances, and the token there is an ordinary one), so no head can park there: evicting it
+    should cost little. Whether it happens is for the records to say, seed by seed.
+
+    ``seeds``: the initial weights and batches (``train.seed_range(10)`` in a chapter);
+    ``data_seeds``: ``(training data, test data)`` (``train.data_seed(0)``,
+    ``train.data_seed(1)``). Both arms train on the same seeds and data seeds. With the defaults,
+    both arms' ten seeds train in about ten seconds on one CPU thread, and every seed of both
+    arms learns the task with the full cache (on the ranges tried when they were chosen).
+
+    Returns ``{"BOS": [...], "control": [...]}``, one :class:`SinkRecord` per seed in the order
+    of ``seeds``; :func:`sink_columns` turns an arm into columns for :func:`seed_rows`.
+    """
+    from ..checks import check_positive_int
+    from .data import sink_task
+    from .models import AttentionTagger
+    from .train import train_seeds
+
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    if (not isinstance(data_seeds, tuple | list) or len(data_seeds) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in data_seeds)):
+        raise ValueError(f"data_seeds must be two ints, (training data, test data), got "
+                         f"{data_seeds!r}")
+    if data_seeds[0] == data_seeds[1]:
+        raise ValueError(f"data_seeds {tuple(data_seeds)}: the test data must be another draw "
+                         "than the training data")
+    check_positive_int(seq_len, "seq_len")
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
+        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len}")
+    _check_window(window, n_sink, lag, seq_len)  # before training, not after
+    task = dict(seq_len=seq_len, vocab_size=vocab_size, n_triggers=n_triggers, lag=lag)
+    results = {}
+    for arm, bos in (("BOS", True), ("control", False)):
+        train_data = sink_task(n_train, **task, bos=bos, seed=data_seeds[0])
+        test = sink_task(n_test, **task, bos=bos, seed=data_seeds[1])
+
+        def make(data=train_data) -> torch.nn.Module:
+            return AttentionTagger(data.vocab_size, data.n_tags, d=d, n_heads=n_heads,
+                                   causal=True, positions="rope")
+
+        models, histories = train_seeds(make, train_data, seeds, steps=steps,
+                                        batch_size=batch_size, lr=lr, progress=progress,
+                                        desc=f"sink task, {arm}")
+        results[arm] = [
+            SinkRecord(**vars(evaluate_sink(model, test, window, n_sink)), seed=seed, bos=bos,
+                       loss=statistics.fmean(history.loss[-20:]), model=model, test=test)
+            for model, history, seed in zip(models, histories, seeds, strict=True)]
+    return results
+
+
+def sink_columns(records: Sequence[SinkEval]) -> dict[str, list[float]]:
+    """One arm of :func:`sink_experiment` as columns for :func:`seed_rows` (or
+    :func:`~selfattn.book.train.seed_table`): the accuracy with the full cache, window only and
+    sink + window, and the top head's share on position 0 on the queries with nothing to fetch,
+    beside what an even spread would give."""
+    if not records:
+        raise ValueError("records must hold at least one record")
+    return {"full cache": [r.full["all"] for r in records],
+            "window only": [r.window_only["all"] for r in records],
+            "sink+window": [r.sink_window["all"] for r in records],
+            "top share": [r.top_share for r in records],
+            "even share": [r.share_uniform for r in records]}

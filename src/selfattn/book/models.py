@@ -191,3 +191,108 @@ class AttentionTagger(nn.Module):
                                need_weights=need_weights)  # (B, T, d), (B, H, T, T)
         logits = self.mlp(x + a)  # (B, T, n_tags)
         return (logits, weights) if need_weights else logits
+
+
+# --- chapter 11: a tiny causal language model, for decoding ------------------------------------
+
+from ..cache import Cache, KVCache  # noqa: E402
+
+
+class DecoderBlock(nn.Module):
+    r"""One pre-norm decoder block (GPT-2's order; Xiong et al. 2020, "On Layer Normalization in
+    the Transformer Architecture", §3): attention and a feed-forward layer, each on a normalised
+    copy of the stream, each added back to it:
+
+    $$h = x + \operatorname{Attn}(\operatorname{LN}(x)), \qquad
+    y = h + W_2\,\operatorname{GELU}(W_1 \operatorname{LN}(h))$$
+
+    The attention is causal :class:`~selfattn.MultiHeadAttention` with RoPE and ``n_kv_heads``
+    key/value heads (MHA, GQA or MQA); the feed-forward layer is ``ffn_hidden`` wide.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 ffn_hidden: int | None = None) -> None:
+        super().__init__()
+        ffn_hidden = 4 * d_model if ffn_hidden is None else check_positive_int(ffn_hidden, "ffn_hidden")
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=True)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_hidden), nn.GELU(),
+                                 nn.Linear(ffn_hidden, d_model))
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        """``x`` (B, T, d_model) -> (B, T, d_model); with ``cache``, the T tokens follow the
+        ``cache.length`` tokens it holds, their keys and values are appended to it, and each
+        attends causally to everything cached (the layer rotates them at their own positions)."""
+        a, _ = self.attn(self.attn_norm(x), is_causal=True, kv_cache=cache)  # (B, T, d_model)
+        h = x + a
+        return h + self.ffn(self.ffn_norm(h))  # (B, T, d_model)
+
+
+class TinyDecoder(nn.Module):
+    r"""A small causal language model for chapter 11's decoding: token embedding, ``n_layers``
+    pre-norm :class:`DecoderBlock`\ s (causal attention with RoPE, ``n_kv_heads`` key/value
+    heads, a feed-forward layer ``ffn_hidden`` wide, default ``4 * d_model``), a final
+    LayerNorm and a linear head to ``vocab_size`` logits (the decoder of Vaswani et al. 2017,
+    §3.1, without the cross-attention, in GPT-2's pre-norm order; Radford et al. 2019, §2.3).
+
+    Positions come only from RoPE, so the model has no maximum length, and a token's logits
+    depend only on the tokens at and before it: decoding with a cache
+    (:meth:`forward` with ``caches``) gives the logits of the full pass, token by token.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                 n_kv_heads: int | None = None, ffn_hidden: int | None = None) -> None:
+        super().__init__()
+        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
+        check_positive_int(n_layers, "n_layers")
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, n_kv_heads, ffn_hidden)
+                                    for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def new_caches(self, make: type[Cache] | None = None, **kwargs: object) -> list[Cache]:
+        """One empty cache per block, ``make(**kwargs)`` each (default :class:`~selfattn.cache.KVCache`,
+        every token kept). A :class:`~selfattn.cache.PagedKVCache` takes the pool:
+        ``new_caches(PagedKVCache, pool=pool)``; the blocks' caches may share one pool."""
+        make = KVCache if make is None else make
+        return [make(**kwargs) for _ in self.blocks]
+
+    def forward(self, tokens: Tensor, caches: list[Cache] | None = None) -> Tensor:
+        """Logits ``(B, T, vocab_size)`` for token ids ``tokens`` (B, T).
+
+        ``caches``: one :class:`~selfattn.cache.Cache` per block (:meth:`new_caches`). The
+        ``T`` tokens then follow the tokens the caches hold: each block appends their keys and
+        values to its cache and they attend causally to everything cached, at positions
+        ``cache.length, ...``. Without caches the tokens are a whole sequence from position 0.
+        """
+        self._check(tokens, caches)
+        x = self.embed(tokens)  # (B, T, d_model)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])  # (B, T, d_model)
+        return self.lm_head(self.norm(x))  # (B, T, vocab_size)
+
+    def _check(self, tokens: object, caches: object) -> None:
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must be (batch, seq) integer token ids, at least one token; got "
+                             f"shape {tuple(tokens.shape)}, {tokens.dtype}")
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got ids from "
+                             f"{int(tokens.min())} to {int(tokens.max())}")
+        if caches is None:
+            return
+        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks) \
+                or not all(isinstance(c, Cache) for c in caches):
+            got = (f"{len(caches)} items" if isinstance(caches, (list, tuple))
+                   else type(caches).__name__)
+            raise TypeError(f"caches must be a list of {len(self.blocks)} selfattn.cache.Cache "
+                            f"(one per block: model.new_caches()), got {got}")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("caches holds one cache object more than once: each block needs its "
+                             "own cache (model.new_caches())")
+        if len({c.length for c in caches}) != 1:
+            raise ValueError(f"the blocks' caches hold different numbers of tokens "
+                             f"{[c.length for c in caches]}: they must be fed together")

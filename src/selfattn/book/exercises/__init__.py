@@ -85,3 +85,8 @@ from .recall import check_saturation_width  # noqa: E402, I001
 from .recall import check_gradient_crossover  # noqa: E402
 
 __all__ += ["check_gradient_crossover", "check_saturation_width"]
+from .build import check_cache_bug, check_uptraining  # noqa: E402, I001
+from .build import buggy_decode as buggy_decode  # noqa: E402  (shown by chapter 11; not a checker)
+from .recall import check_model_cache_bytes  # noqa: E402
+
+__all__ += ["check_cache_bug", "check_model_cache_bytes", "check_uptraining"]

@@ -749,3 +749,335 @@ def check_general_score(fn: object) -> str:
                   "width 4", g)
     return ("your scores are q^T W k for every pair, with queries and keys of different widths and "
             "a batch axis, and they work as a scorer in scoring.attention")
+
+
+# --- chapter 11: decoding in practice ---------------------------------------------------------
+
+import copy  # noqa: E402
+
+from ..data import tagging_task  # noqa: E402
+from ..models import AttentionTagger  # noqa: E402
+from ..train import ambiguous_correct, train  # noqa: E402
+
+# GQA uptraining (Ainslie et al. 2023, §2.1): a trained MHA layer becomes a GQA layer, each group's
+# key and value heads mean-pooled into one, then training continues for a few % of the steps.
+
+
+def _pooled(w: Tensor, n_kv: int, g: int, how: str) -> Tensor:
+    """The rows of a key or value projection's weight ``(H * hd, d)`` (or bias ``(H * hd,)``)
+    pooled into ``n_kv`` heads of ``g``, the right way (``"mean"``, adjacent heads) or a typical
+    wrong one."""
+    rows = w.shape[0] // (n_kv * g)  # hd
+    adjacent = w.reshape(n_kv, g, rows, *w.shape[1:])  # (H_kv, g, hd, ...): a group's heads together
+    strided = w.reshape(g, n_kv, rows, *w.shape[1:]).transpose(0, 1)  # (H_kv, g, hd, ...): every H_kv-th
+    pooled = {"mean": adjacent.mean(1), "sum": adjacent.sum(1), "first": adjacent[:, 0],
+              "last": adjacent[:, -1], "strided": strided.mean(1), "strided_sum": strided.sum(1)}[how]
+    return pooled.reshape(n_kv * rows, *w.shape[1:])  # (H_kv * hd, ...)
+
+
+_POOLING_MISTAKES = {
+    "strided": "your key/value head j averages query heads j, j + n_kv_heads, j + 2 n_kv_heads, "
+               "... (every n_kv_heads-th head). The layer gives query head i the key/value head "
+               "i // g (g = n_heads // n_kv_heads, repeat_kv's repeat_interleave order), so group j "
+               "is the adjacent heads j*g .. (j+1)*g - 1: view the weight as (n_kv_heads, g, "
+               "head_dim, d_model) and average over dim 1",
+    "sum": "your key/value heads are the sum of their group's heads, g times too large: "
+           "mean-pool them (divide by g = n_heads // n_kv_heads)",
+    "strided_sum": "your key/value heads sum every n_kv_heads-th head: average (divide by g) "
+                   "the adjacent heads j*g .. (j+1)*g - 1 that share key/value head j",
+    "first": "your key/value heads keep the first head of each group: uptraining mean-pools every "
+             "head of the group (Ainslie et al. found the mean better than keeping one head)",
+    "last": "your key/value heads keep the last head of each group: uptraining mean-pools every "
+            "head of the group",
+}
+
+
+def _uptraining_case(fn: object, d_model: int, n_heads: int, n_kv: int, rope: bool, seed: int) -> None:
+    mha = _seeded_layer(seed, d_model, n_heads, rope=rope)
+    cfg, g = mha.config, n_heads // n_kv
+    before = {name: t.clone() for name, t in mha.state_dict().items()}
+    given = f"given an MHA layer of {n_heads} heads (rope={rope}) and n_kv_heads={n_kv}"
+    with torch.random.fork_rng(devices=[]):
+        try:
+            gqa = _call(fn, mha, n_kv)
+        except NotYet as why:
+            if "leaf Variable" not in str(why):
+                raise
+            raise NotYet(f"{why}. Copy weights into a layer's parameters under torch.no_grad(), "
+                         "or with load_state_dict") from None
+    if not all(torch.equal(t, before[name]) for name, t in mha.state_dict().items()):
+        raise NotYet(f"{given}, your function changed the MHA layer's weights: build the GQA layer "
+                     "as a new MultiHeadAttention and copy into it, leaving the checkpoint as it was")
+    if not isinstance(gqa, MultiHeadAttention):
+        raise NotYet(f"{given}, return a selfattn.MultiHeadAttention (the GQA layer), got "
+                     f"{type(gqa).__name__}")
+    got = gqa.config
+    if got.n_heads != n_heads:
+        raise NotYet(f"{given}, your layer has {got.n_heads} query heads: "
+                     + ("you pooled the queries too. " if got.n_heads == n_kv else "")
+                     + f"GQA keeps all {n_heads} query heads; only the key and value heads are "
+                     "pooled, each group of query heads sharing one")
+    if got.n_kv_heads != n_kv:
+        raise NotYet(f"{given}, your layer has n_kv_heads={got.n_kv_heads}; build it with "
+                     f"MultiHeadAttention(..., n_kv_heads={n_kv})")
+    for name in ("d_model", "head_dim", "kdim", "vdim", "out_dim", "bias", "rope"):
+        if getattr(got, name) != getattr(cfg, name):
+            raise NotYet(f"{given}, your layer has {name}={getattr(got, name)}, the MHA layer "
+                         f"{name}={getattr(cfg, name)}: keep every setting but n_kv_heads "
+                         "(head_dim, bias and rope included)")
+    ours = dict(mha.named_parameters())
+    for name, p in gqa.named_parameters():
+        if any(p.data_ptr() == q.data_ptr() for q in ours.values()):
+            raise NotYet(f"{given}, your layer's {name} shares its storage with the MHA layer's: "
+                         "uptraining it would change the checkpoint too. Copy the weights "
+                         "(load_state_dict, or .copy_ under torch.no_grad())")
+    for proj in ("q_proj", "out_proj"):
+        for part in ("weight", "bias"):
+            if not _equal(getattr(getattr(gqa, proj), part), getattr(getattr(mha, proj), part)):
+                raise NotYet(f"{given}, your {proj}.{part} is not the MHA layer's: uptraining keeps "
+                             "the query and output projections as they are; copy them")
+    for proj in ("k_proj", "v_proj"):
+        theirs, mine = getattr(gqa, proj), getattr(mha, proj)
+        want = _pooled(mine.weight, n_kv, g, "mean")  # (H_kv * hd, d)
+        got_w = _tensor(theirs.weight, want)
+        role = "key" if proj == "k_proj" else "value"
+        if not _close(got_w, want, atol=1e-6, rtol=1e-5):
+            hint = next((h for how, h in _POOLING_MISTAKES.items()
+                         if _close(got_w, _pooled(mine.weight, n_kv, g, how), atol=1e-6, rtol=1e-5)), None)
+            raise NotYet(f"{given}, {proj}.weight: " + (hint or f"your {role} heads are not the "
+                         f"mean of each group's {g} adjacent {role} heads (query heads j*g .. "
+                         f"(j+1)*g - 1 share key/value head j); they differ by up to "
+                         f"{(got_w.detach() - want).abs().max():.3g}"))
+        want_b = _pooled(mine.bias, n_kv, g, "mean")  # (H_kv * hd,)
+        if not _close(_tensor(theirs.bias, want_b), want_b, atol=1e-6, rtol=1e-5):
+            raise NotYet(f"{given}, {proj}.weight is pooled right but {proj}.bias is not: a head's "
+                         f"{role}s are W x + b, so pool the bias the same way, each group's mean")
+
+
+def _swapped(model: AttentionTagger, attn: MultiHeadAttention) -> AttentionTagger:
+    """A copy of ``model`` whose attention layer is ``attn``."""
+    out = copy.deepcopy(model)
+    out.attn = attn
+    return out
+
+
+def uptraining_recovery(fn: Callable[[MultiHeadAttention, int], MultiHeadAttention],
+                        seeds: list[int] | range | None = None, n_kv_heads: int = 2,
+                        steps: int = 300, uptrain_steps: int | None = None,
+                        progress: bool = False) -> dict[str, list[float]]:
+    """GQA uptraining (Ainslie et al. 2023, §2.1) on chapter 1's distance-cue tagging task
+    (16 tokens, the cue up to 15 back), one run per seed: an :class:`~selfattn.book.models.AttentionTagger`
+    with 4 heads of 8 (MHA) trained ``steps``; its layer converted by ``fn(layer, n_kv_heads)``
+    (mean-pooled key and value heads); the converted model trained ``uptrain_steps`` more
+    (default 5% of ``steps``, the paper's proportion). The control: the same model with the
+    GQA layer's query and output projections copied and its key and value projections drawn at
+    random, trained for the same budget. Returns the accuracy on the ambiguous word of a test
+    set (chance: 1 / 4), per seed, for ``"MHA"``, ``"pooled"`` (right after the conversion),
+    ``"random K/V"``, ``"pooled, uptrained"`` and ``"random K/V, uptrained"``. ``seeds``
+    default to :func:`~selfattn.book.train.seed_range`, the data to
+    :func:`~selfattn.book.train.data_seed`; the global random state is left as it was."""
+    from ..train import data_seed, seed_range
+
+    seeds = list(seed_range() if seeds is None else seeds)
+    uptrain = max(1, steps // 20) if uptrain_steps is None else uptrain_steps
+    data = tagging_task(4096, seq_len=16, seed=data_seed(0))
+    test = tagging_task(1024, seq_len=16, seed=data_seed(1))
+    arms: dict[str, list[float]] = {arm: [] for arm in ("MHA", "pooled", "random K/V",
+                                                        "pooled, uptrained", "random K/V, uptrained")}
+
+    def accuracy(model: nn.Module) -> float:
+        return ambiguous_correct(model, test).float().mean().item()
+
+    with torch.random.fork_rng(devices=[]):
+        for seed in seeds:
+            torch.manual_seed(seed)
+            mha = AttentionTagger(data.vocab_size, data.n_tags, d=32, n_heads=4)
+            train(mha, data, steps=steps, seed=seed, progress=progress, desc=f"MHA, seed {seed}")
+            pooled = _swapped(mha, _call(fn, mha.attn, n_kv_heads))  # type: ignore[arg-type]
+            with torch.no_grad():
+                cfg = mha.attn.config
+                fresh = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=n_kv_heads,
+                                           head_dim=cfg.head_dim, rope=cfg.rope)  # random K/V
+                fresh.q_proj.load_state_dict(mha.attn.q_proj.state_dict())
+                fresh.out_proj.load_state_dict(mha.attn.out_proj.state_dict())
+                control = _swapped(mha, fresh)
+            arms["MHA"].append(accuracy(mha))
+            arms["pooled"].append(accuracy(pooled))
+            arms["random K/V"].append(accuracy(control))
+            for name, model in (("pooled, uptrained", pooled), ("random K/V, uptrained", control)):
+                train(model, data, steps=uptrain, seed=seed + 1, progress=progress, desc=name)
+                arms[name].append(accuracy(model))
+    return arms
+
+
+@_checker
+def check_uptraining(fn: object) -> str:
+    """Chapter 11, build-it exercise: ``fn(mha_layer, n_kv_heads)`` converts a trained MHA
+    :class:`~selfattn.MultiHeadAttention` into a GQA one with ``n_kv_heads`` key/value heads, as
+    Ainslie et al. (2023, §2.1) uptrain a checkpoint: the query and output projections copied,
+    each group's key and value heads (the adjacent query heads ``j*g .. (j+1)*g - 1`` that share
+    key/value head ``j``, ``g = n_heads // n_kv_heads``) mean-pooled, weights and biases, every
+    other setting kept. Checked exactly on seeded layers (with and without RoPE, GQA and MQA);
+    then, for one seed, a small trained tagger is converted and uptrained for 5% of its steps,
+    beside the control whose key and value heads start at random (the numbers are printed, not
+    judged: one seed is an example; :func:`uptraining_recovery` runs ten)."""
+    for d_model, n_heads, n_kv, rope, seed in [(16, 8, 2, True, 111), (12, 6, 3, False, 112),
+                                                (16, 4, 1, True, 113), (16, 8, 8, False, 114)]:
+        _uptraining_case(fn, d_model, n_heads, n_kv, rope, seed)
+    acc = {arm: values[0] for arm, values in uptraining_recovery(fn, seeds=[0]).items()}
+    return (f"each group's key and value heads are mean-pooled, the queries and output kept. On the "
+            f"tagging task (one seed, chance 25%), the MHA tagger gets {acc['MHA']:.0%} of the "
+            f"ambiguous words; pooled to 2 key/value heads {acc['pooled']:.0%}, and "
+            f"{acc['pooled, uptrained']:.0%} after 5% more steps; with random key/value heads "
+            f"{acc['random K/V']:.0%}, and {acc['random K/V, uptrained']:.0%} after the same steps")
+
+
+# One cache bug to find: a decoding loop written by hand, with one wrong line.
+
+
+def buggy_decode(layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> Tensor:
+    """Chapter 11's cache bug: decode ``x`` (B, T, d_model) through ``layer`` (self-attention,
+    causal, any number of key/value heads, RoPE or not) a chunk of tokens at a time, ``chunks``
+    their lengths (a prompt, then one token at a time, now and then a few at once, as when a
+    draft's tokens are checked), keeping every key and value in a cache. Returns the layer's
+    outputs for every token, (B, T, out_dim), which should equal
+    ``layer(x, is_causal=True)[0]``. One line is wrong."""
+    cfg = layer.config
+    g = cfg.n_heads // cfg.n_kv_heads  # query heads per key/value head
+    keys = values = None  # the cache: (B, H_kv, tokens so far, hd)
+    outputs, start = [], 0
+    for n in chunks:
+        chunk = x[:, start : start + n]  # (B, n, d_model): the new tokens
+        q = split_heads(layer.q_proj(chunk), cfg.n_heads)  # (B, H, n, hd)
+        k = split_heads(layer.k_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        v = split_heads(layer.v_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        if cfg.rope:  # the new tokens sit at positions start .. start + n - 1
+            positions = torch.arange(start, start + n, device=x.device)
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)  # (B, H_kv, start + n, hd)
+        values = v if values is None else torch.cat([values, v], dim=2)  # (B, H_kv, start + n, hd)
+        out, _ = scaled_dot_product_attention(q, repeat_kv(keys, g), repeat_kv(values, g),
+                                              is_causal=True)  # (B, H, n, hd)
+        outputs.append(layer.out_proj(merge_heads(out)))  # (B, n, out_dim)
+        start += n
+    return torch.cat(outputs, dim=1)  # (B, T, out_dim)
+
+
+def _decode_variant(layer: MultiHeadAttention, x: Tensor, chunks: list[int], mask: str,
+                    rope_from_zero: bool = False) -> Tensor:
+    """:func:`buggy_decode` with the new queries' mask chosen by ``mask``: ``"bottom_right"``
+    (right: query ``i`` of a chunk after ``P`` cached tokens sees keys ``0 .. P + i``),
+    ``"top_left"`` (the bug: ``is_causal=True``), ``"none"``, ``"first_only"`` (causal for the
+    first chunk, nothing after: right for single tokens, wrong for a later chunk of several),
+    ``"top_left_chunks"`` (``is_causal=n > 1``: the same, with the bug in later chunks)
+    or ``"cached_only"`` (the new tokens do not see one another, nor themselves); with
+    ``rope_from_zero``, each chunk rotated as if it started at position 0."""
+    cfg = layer.config
+    g = cfg.n_heads // cfg.n_kv_heads
+    keys = values = None
+    outputs, start = [], 0
+    for n in chunks:
+        chunk = x[:, start : start + n]  # (B, n, d_model)
+        q = split_heads(layer.q_proj(chunk), cfg.n_heads)  # (B, H, n, hd)
+        k = split_heads(layer.k_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        v = split_heads(layer.v_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        if cfg.rope:
+            positions = torch.arange(n) if rope_from_zero else torch.arange(start, start + n)
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)  # (B, H_kv, start + n, hd)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        S = start + n
+        attn_mask = {"bottom_right": causal_mask(n, S, offset=start),
+                     "top_left": causal_mask(n, S),
+                     "none": None,
+                     "first_only": causal_mask(n, S) if start == 0 else None,
+                     "top_left_chunks": causal_mask(n, S) if n > 1 else None,
+                     "cached_only": causal_mask(n, S, offset=start - 1) if start else causal_mask(n)}[mask]
+        out, _ = scaled_dot_product_attention(q, repeat_kv(keys, g), repeat_kv(values, g),
+                                              attn_mask=attn_mask)  # (B, H, n, hd)
+        outputs.append(layer.out_proj(merge_heads(out)))  # (B, n, out_dim)
+        start += n
+    return torch.cat(outputs, dim=1)  # (B, T, out_dim)
+
+
+class _TokensSeen:
+    """Counts the tokens each call of a layer's ``k_proj`` projects (forward hooks), to tell
+    decoding with a cache (each token projected once, chunk by chunk) from recomputing."""
+
+    def __init__(self, layer: MultiHeadAttention) -> None:
+        self.calls: list[int] = []
+        self._hook = layer.k_proj.register_forward_hook(
+            lambda module, args, out: self.calls.append(args[0].shape[-2] if args[0].dim() > 1 else 1))
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+
+def _cache_bug_case(fn: object, layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> None:
+    given = f"decoding chunks of {chunks} tokens"
+    with torch.no_grad():
+        want, _ = layer(x, is_causal=True)  # (B, T, d_model): the full causal pass
+    seen = _TokensSeen(layer)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            got = _tensor(_call(fn, layer, x.clone(), list(chunks)), want)
+    finally:
+        seen.remove()
+    if not _close(got, want):
+        with torch.no_grad():
+            if _close(got, buggy_decode(layer, x, chunks)):
+                raise NotYet(f"{given}, your function gives what buggy_decode gives: the first "
+                             "chunk (into an empty cache) is right, every later one wrong. "
+                             "Where do the new queries sit when the cache already holds tokens, "
+                             "and what does is_causal=True assume about them?")
+            variants = [
+                ("none", f"{given}, the tokens of a chunk see the later tokens of their own chunk: "
+                 "a chunk of several tokens still needs a causal mask among themselves"),
+                ("first_only", f"{given}, right for the prompt and for one token at a time, wrong "
+                 "for a later chunk of several: each of its queries sees every cached key and the "
+                 "new keys up to its own, a causal mask aligned bottom-right, "
+                 "causal_mask(n, S, offset=S - n)"),
+                ("cached_only", f"{given}, each new token sees the cached tokens but not itself: "
+                 "append the new keys and values before attending"),
+            ]
+            variants.insert(2, ("top_left_chunks", variants[1][1]))
+            for mask, hint in variants:
+                if _close(got, _decode_variant(layer, x, chunks, mask)):
+                    raise NotYet(hint)
+            if layer.config.rope and _close(got, _decode_variant(layer, x, chunks, "bottom_right",
+                                                                rope_from_zero=True)):
+                raise NotYet(f"{given}, the mask is right now, but each chunk is rotated as if it "
+                             "started at position 0: RoPE must turn the new tokens by their own "
+                             "positions, start .. start + n - 1")
+        raise NotYet(f"{given}, your outputs differ from the layer's causal pass over the whole "
+                     f"sequence by up to {(got.detach().to(want.dtype) - want).abs().max():.3g}")
+    if sum(seen.calls) > x.shape[1]:
+        raise NotYet(f"{given}, the outputs are right, but k_proj projected {sum(seen.calls)} "
+                     f"tokens for a sequence of {x.shape[1]}: your function recomputes the keys of "
+                     "earlier tokens. Keep them in the cache and project only the new ones")
+    if seen.calls and len(chunks) > 1 and seen.calls == [x.shape[1]]:
+        raise NotYet(f"{given}, the outputs are right, but your function projected the keys of "
+                     "the whole sequence in one call: decoding sees one chunk at a time, so "
+                     "project and cache each chunk's keys and values as it comes, as buggy_decode does")
+
+
+@_checker
+def check_cache_bug(fn: object) -> str:
+    """Chapter 11, build-it exercise: ``fn(layer, x, chunks)`` is :func:`buggy_decode` with its
+    one bug fixed: decoding ``x`` (B, T, d_model) through a :class:`~selfattn.MultiHeadAttention`
+    ``layer`` chunk by chunk (``chunks``: their lengths), with a cache of keys and values, gives
+    the layer's causal pass over the whole sequence, ``layer(x, is_causal=True)[0]``. Checked on
+    seeded layers (GQA with RoPE, MHA without) fed a prompt then single tokens, and chunks of
+    several tokens after the prompt; an answer that recomputes the earlier tokens' keys, or runs
+    the whole sequence at once, is named as such."""
+    g = torch.Generator().manual_seed(115)
+    cases = [(_seeded_layer(116, 16, 4, n_kv_heads=2, rope=True), [4, 1, 1, 1, 1]),
+             (_seeded_layer(116, 16, 4, n_kv_heads=2, rope=True), [3, 1, 2, 1, 3, 1]),
+             (_seeded_layer(117, 12, 3), [1, 1, 1, 2, 1])]
+    for layer, chunks in cases:
+        x = torch.randn(2, sum(chunks), layer.config.d_model, generator=g)  # (B, T, d_model)
+        _cache_bug_case(fn, layer, x, chunks)
+    return ("a prompt, single tokens and later chunks of several tokens decoded with the cache "
+            "give the full causal pass: the new queries sit after the cached keys, so their "
+            "causal mask is aligned bottom-right, causal_mask(n, S, offset=S - n), or no mask "
+            "for a single token")

@@ -328,6 +328,26 @@ def check_scores_bytes(answer: object) -> str:
 
 
 @_checker
+def check_model_cache_bytes(answer: object) -> str:
+    """Chapter 11, exercise 1: Llama 3 70B's KV cache per token, in 16-bit numbers (80 layers,
+    8 key/value heads of width 128; Grattafiori et al. 2024, Table 3)."""
+    answer = _number(answer)
+    layers, kv_heads, head_dim, itemsize = 80, 8, 128, torch.empty(0, dtype=torch.float16).element_size()
+    want = layers * 2 * kv_heads * head_dim * itemsize
+    if answer == want // 2:
+        raise NotYet(f"{answer:,} counts the keys or the values: a token caches both")
+    if answer == layers * 2 * 64 * head_dim * itemsize:
+        raise NotYet(f"{answer:,} counts the 64 query heads: only the 8 key/value heads are cached")
+    if answer == want // layers:
+        raise NotYet(f"{answer:,} is one layer's: every one of the 80 layers has its own cache")
+    if answer == want * 2:
+        raise NotYet(f"{answer:,} counts 4 bytes a number: 16-bit numbers take 2")
+    if answer != want:
+        raise NotYet(f"{answer:,} is not it: layers x (key and value) x KV heads x width x bytes")
+    return f"{want:,} bytes = {want // 2**10:,} KiB per token, {want * 8192 / 2**30:.1f} GiB at 8,192 tokens"
+
+
+@_checker
 def check_bert_layer_parameters(fn: object) -> str:
     """Chapter 10, exercise 1: ``fn(d, d_ff)`` counts the parameters of one BertLayer."""
     from ..pretrained import BertConfig, BertLayer

@@ -1,0 +1,448 @@
+"""Chapter 11's decoding apparatus: TinyDecoder decoded through each cache equals its full
+causal pass (float64 to rounding, float32 to 1e-5), and refuses bad input; cache_vs_recompute
+generates the same tokens both ways and counts the work each does; block_step_benchmark's rows;
+the two checkers (GQA uptraining, the cache bug) accept the right answer and reject each planted
+mistake with its hint, and leave the global random state alone."""
+
+import inspect
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+import selfattn
+import selfattn.book.exercises as ex
+from selfattn import BlockPool, KVCache, MultiHeadAttention, PagedKVCache
+from selfattn.book import bench
+from selfattn.book.exercises import build
+from selfattn.book.measure import decode_bytes
+from selfattn.book.models import DecoderBlock, TinyDecoder
+
+V, D, H, LAYERS = 40, 32, 4, 2
+T = 13
+SCHEDULES = {"tokens": [1] * T, "prompt": [5] + [1] * 8, "chunks": [3, 2, 4, 1, 3]}
+
+
+def make_model(n_kv_heads=2, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    return TinyDecoder(V, D, H, LAYERS, n_kv_heads=n_kv_heads).to(dtype).eval()
+
+
+def tokens(batch=2, n=T, seed=1):
+    return torch.randint(0, V, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def decoded(model, x, caches, sizes):
+    """The logits of ``x`` fed to ``model`` in calls of ``sizes`` tokens, through ``caches``."""
+    outs, start = [], 0
+    for size in sizes:
+        outs.append(model(x[:, start : start + size], caches))
+        start += size
+    assert start == x.shape[1] and all(c.length == start for c in caches)
+    return torch.cat(outs, dim=1)  # (B, T, V)
+
+
+# --- TinyDecoder ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_decoding_with_kv_caches_equals_the_full_pass(schedule, n_kv_heads, dtype, atol):
+    model, x = make_model(n_kv_heads, dtype), tokens()
+    with torch.no_grad():
+        full = model(x)  # (B, T, V)
+        got = decoded(model, x, model.new_caches(), SCHEDULES[schedule])
+    assert full.shape == (2, T, V) and full.dtype == dtype
+    torch.testing.assert_close(got, full, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_decoding_with_paged_caches_sharing_one_pool_equals_the_full_pass(schedule, dtype, atol):
+    model, x = make_model(2, dtype), tokens(batch=1)
+    pool = BlockPool(12, 3, 2, D // H, dtype=dtype)  # both blocks' caches take blocks from it
+    caches = model.new_caches(PagedKVCache, pool=pool)
+    with torch.no_grad():
+        got = decoded(model, x, caches, SCHEDULES[schedule])
+        full = model(x)
+    torch.testing.assert_close(got, full, atol=atol, rtol=0)
+    assert pool.n_free == 12 - LAYERS * -(-T // 3)  # each block's cache holds ceil(T / 3) blocks
+    for cache in caches:
+        cache.release()
+    assert pool.n_free == 12
+
+
+def test_a_cached_step_sits_at_the_cache_length_not_at_position_0():
+    model, x = make_model(), tokens(batch=1)
+    with torch.no_grad():
+        caches = model.new_caches()
+        model(x[:, :6], caches)
+        step = model(x[:, 6:7], caches)[:, 0]  # token 6, after 6 cached
+        alone = model(x[:, 6:7])[:, 0]  # the same token at position 0, nothing before it
+        full = model(x[:, :7])[:, 6]
+    torch.testing.assert_close(step, full, atol=1e-12, rtol=0)
+    assert not torch.allclose(step, alone, atol=1e-3)
+
+
+def test_the_model_is_causal_and_has_the_sizes_asked_for():
+    model, x = make_model(), tokens()
+    y = x.clone()
+    y[:, 8:] = (y[:, 8:] + 1) % V  # change only the later tokens
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[:, :8], model(y)[:, :8], atol=1e-12, rtol=0)
+    block = model.blocks[0]
+    assert isinstance(block, DecoderBlock) and len(model.blocks) == LAYERS
+    cfg = block.attn.config
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.rope) == (H, 2, True)
+    assert block.ffn[0].out_features == 4 * D
+    assert TinyDecoder(V, D, H, 1, ffn_hidden=48).blocks[0].ffn[0].out_features == 48
+    assert [type(c) for c in model.new_caches()] == [KVCache] * LAYERS
+    assert model.new_caches(KVCache, capacity=3)[0].capacity == 3
+
+
+def test_int32_tokens_and_training_mode_work():
+    model, x = make_model(), tokens()
+    torch.testing.assert_close(model(x.int()), model(x), atol=0, rtol=0)
+    model.train()
+    model(x).sum().backward()
+    assert model.embed.weight.grad is not None
+
+
+@pytest.mark.parametrize(("args", "error", "match"), [
+    ((torch.rand(2, 5),), ValueError, "integer token ids"),
+    ((torch.zeros(5, dtype=torch.long),), ValueError, r"\(batch, seq\)"),
+    ((torch.zeros(2, 0, dtype=torch.long),), ValueError, "at least one token"),
+    ((torch.full((1, 3), V),), ValueError, r"\[0, 40\)"),
+    ((torch.full((1, 3), -1),), ValueError, "from -1"),
+    (([1, 2, 3],), TypeError, "torch.Tensor"),
+    ((torch.zeros(1, 3, dtype=torch.long), [KVCache()]), TypeError, "list of 2"),
+    ((torch.zeros(1, 3, dtype=torch.long), KVCache()), TypeError, "KVCache"),
+    ((torch.zeros(1, 3, dtype=torch.long), [KVCache(), "cache"]), TypeError, "one per block"),
+])
+def test_bad_input_is_refused(args, error, match):
+    with pytest.raises(error, match=match):
+        make_model()(*args)
+
+
+def test_one_cache_twice_and_caches_of_different_lengths_are_refused():
+    model, x = make_model(), tokens()
+    cache = KVCache()
+    with pytest.raises(ValueError, match="more than once"):
+        model(x, [cache, cache])
+    caches = model.new_caches()
+    model.blocks[0](model.embed(x[:, :2]).double(), caches[0])  # only the first block's cache fed
+    with pytest.raises(ValueError, match=r"different numbers of tokens \[2, 0\]"):
+        model(x[:, 2:3], caches)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"vocab_size": 0}, "vocab_size"),
+                                               ({"n_layers": 0}, "n_layers"),
+                                               ({"ffn_hidden": 0}, "ffn_hidden"),
+                                               ({"n_kv_heads": 3}, "multiple of n_kv_heads")])
+def test_bad_sizes_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TinyDecoder(**{"vocab_size": V, "d_model": D, "n_heads": H, **kwargs})
+
+
+# --- cache_vs_recompute -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def race():
+    torch.manual_seed(0)
+    model = TinyDecoder(V, D, H, LAYERS)  # float32, as the chapter runs it
+    return model, bench.cache_vs_recompute(model, tokens(batch=2, n=5), 12, repeats=2)
+
+
+def test_both_ways_generate_the_same_tokens(race):
+    model, r = race
+    assert r.same_tokens and r.recompute_generated.shape == (2, 12)
+    assert model.training  # left in the mode it came in (a new module trains)
+    seq = tokens(batch=2, n=5)
+    with torch.no_grad():  # greedy decoding by hand, the slow way
+        for _ in range(12):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(seq[:, 5:], r.cached_generated)
+
+
+def test_the_work_counted(race):
+    model, r = race
+    P, n = 5, 12
+    assert r.prompt_len == P and r.context == list(range(P, P + n))
+    assert len(r.recompute_ms) == len(r.cached_ms) == n and min(r.recompute_ms + r.cached_ms) > 0
+    assert r.recompute_tokens_run == r.context  # the whole sequence again, every step
+    assert r.cached_tokens_run == [P] + [1] * (n - 1)  # the prompt once, then one token a step
+    assert r.recompute_pairs == [c * (c + 1) // 2 for c in r.context]
+    assert r.cached_pairs == [P * (P + 1) // 2, *r.context[1:]]  # one query, every cached key
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    attention = LAYERS * 4 * H * (D // H)  # q.k and weights.v: 2 FLOPs each, per pair and head
+    assert r.recompute_flops == [2 * (2 * linear * c + attention * p)
+                                 for c, p in zip(r.context, r.recompute_pairs, strict=True)]
+    assert r.cached_flops[1:] == [2 * (2 * linear + attention * c) for c in r.context[1:]]
+    totals = r.totals()
+    assert totals["recompute"]["tokens_run"] == sum(range(P, P + n))
+    assert totals["cached"]["tokens_run"] == P + n - 1
+    assert totals["cached"]["pairs"] < totals["recompute"]["pairs"]
+    assert r.growth("recompute") > 0 and r.growth("cached") > 0
+    assert isinstance(r.slope("cached"), float)
+    with pytest.raises(ValueError, match="way must be"):
+        r.growth("both")
+
+
+def test_the_race_with_paged_caches_gives_the_same_tokens():
+    torch.manual_seed(3)
+    model = TinyDecoder(V, D, H, LAYERS, n_kv_heads=1)
+    pool = BlockPool(64, 4, 1, D // H)
+    r = bench.cache_vs_recompute(model, tokens(batch=1, n=4), 6, repeats=1,
+                                 make_cache=PagedKVCache, pool=pool)
+    assert r.same_tokens and r.cached_generated.shape == (1, 6)
+
+
+def test_the_race_leaves_the_models_mode_and_refuses_bad_input():
+    torch.manual_seed(0)
+    model = TinyDecoder(V, D, H, 1).train()
+    bench.cache_vs_recompute(model, tokens(batch=1, n=3), 2, repeats=1)
+    assert model.training
+    for args, error, match in [((nn.Linear(2, 2), tokens(), 4), TypeError, "TinyDecoder"),
+                               ((model, tokens()[0], 4), ValueError, "prompt"),
+                               ((model, tokens(), 1), ValueError, "n_new"),
+                               ((model, tokens(), 4, 0), ValueError, "repeats")]:
+        with pytest.raises(error, match=match):
+            bench.cache_vs_recompute(*args)
+
+
+# --- block_step_benchmark ---------------------------------------------------------------------
+
+def test_block_step_benchmark_rows():
+    state = torch.random.get_rng_state()
+    rows = bench.block_step_benchmark(contexts=(8, 32), batches=(1, 3), d_model=16, n_heads=4,
+                                      kv_heads=(4, 2, 1), repeats=2, warmup=1)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert [(r["context"], r["batch"], r["variant"]) for r in rows] == [
+        (c, b, v) for c in (8, 32) for b in (1, 3) for v in ("MHA", "GQA-2", "MQA")]
+    for r in rows:
+        read = decode_bytes(16, 4, r["n_kv_heads"], r["context"], 4, 4, 64, r["batch"])["total"]
+        mha = decode_bytes(16, 4, 4, r["context"], 4, 4, 64, r["batch"])["total"]
+        assert r["mb"] == read / 2**20 and r["bytes_vs_mha"] == mha / read
+        assert r["ms"] > 0 and r["speedup_vs_mha"] > 0
+    assert "bytes bound" in bench.block_step_table(rows)
+
+
+# --- the checkers -----------------------------------------------------------------------------
+
+def run(code):
+    """The ``answer`` that ``code`` defines, in a namespace holding only torch and selfattn (as
+    tests/test_book.py runs a chapter's folded solution)."""
+    ns = {"torch": torch, "selfattn": selfattn}
+    exec(textwrap.dedent(code), ns)
+    return ns["answer"]
+
+
+def verdict(capsys, checker, answer):
+    capsys.readouterr()
+    ok = checker(answer)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines and lines[0].startswith(("✓ Correct: ", "✗ Not yet: ")), out
+    assert all(len(line) <= ex.scaffold.WIDTH for line in lines), out
+    return ok, " ".join(line.strip() for line in lines)
+
+
+UPTRAINING = '''
+def uptrain(mha, n_kv_heads):
+    cfg = mha.config
+    g = cfg.n_heads // n_kv_heads  # query heads per key/value head
+    gqa = selfattn.MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=n_kv_heads,
+                                      head_dim=cfg.head_dim, bias=cfg.bias, rope=cfg.rope)
+    with torch.no_grad():
+        gqa.q_proj.load_state_dict(mha.q_proj.state_dict())
+        gqa.out_proj.load_state_dict(mha.out_proj.state_dict())
+        for theirs, ours in [(mha.k_proj, gqa.k_proj), (mha.v_proj, gqa.v_proj)]:
+            w = theirs.weight.view(n_kv_heads, g, cfg.head_dim, cfg.d_model)  # a group's heads together
+            ours.weight.copy_(w.mean(dim=1).reshape(n_kv_heads * cfg.head_dim, cfg.d_model))
+            b = theirs.bias.view(n_kv_heads, g, cfg.head_dim)
+            ours.bias.copy_(b.mean(dim=1).flatten())
+    return gqa
+
+answer = uptrain
+'''
+
+UPTRAINING_MISTAKES = [
+    ([("view(n_kv_heads, g, cfg.head_dim, cfg.d_model)", "view(g, n_kv_heads, cfg.head_dim, cfg.d_model)"),
+      ("w.mean(dim=1)", "w.mean(dim=0)"),
+      ("view(n_kv_heads, g, cfg.head_dim)\n", "view(g, n_kv_heads, cfg.head_dim)\n"),
+      ("b.mean(dim=1)", "b.mean(dim=0)")], "every n_kv_heads-th head"),
+    ([("w.mean(dim=1)", "w.sum(dim=1)"), ("b.mean(dim=1)", "b.sum(dim=1)")], "g times too large"),
+    ([("w.mean(dim=1)", "w[:, 0]"), ("b.mean(dim=1)", "b[:, 0]")], "first head of each group"),
+    ([("            b = theirs.bias.view(n_kv_heads, g, cfg.head_dim)\n"
+       "            ours.bias.copy_(b.mean(dim=1).flatten())\n", "")], "pool the bias"),
+    ([("n_kv_heads=n_kv_heads,\n", "n_kv_heads=n_kv_heads, rope=False,\n"), (", rope=cfg.rope)", ")")],
+     "rope=False, the MHA layer rope=True"),
+    ([("        gqa.q_proj.load_state_dict(mha.q_proj.state_dict())\n", "")], "q_proj.weight is not"),
+    ([("        gqa.q_proj.load_state_dict(mha.q_proj.state_dict())\n", "        gqa.q_proj = mha.q_proj\n")],
+     "shares its storage"),
+    ([("    with torch.no_grad():\n", "    if True:\n")], "under torch.no_grad()"),
+    ([("    return gqa\n", "    mha.k_proj.weight.data.zero_()\n    return gqa\n")], "changed the MHA layer"),
+    ([("    return gqa\n", "    return gqa, mha\n")], "return a selfattn.MultiHeadAttention"),
+]
+
+UPTRAINING_WRITTEN = [('''
+def uptrain(mha, n_kv_heads):  # the queries pooled too: a smaller MHA layer
+    cfg = mha.config
+    g = cfg.n_heads // n_kv_heads
+    small = selfattn.MultiHeadAttention(cfg.d_model, n_kv_heads, head_dim=cfg.head_dim, rope=cfg.rope)
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            w = getattr(mha, name).weight.view(n_kv_heads, g, cfg.head_dim, cfg.d_model).mean(1)
+            getattr(small, name).weight.copy_(w.reshape(-1, cfg.d_model))
+    return small
+
+answer = uptrain
+''', "pooled the queries too")]
+
+
+def edited(code, edits):
+    for old, new in edits:
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
+def test_uptraining_the_right_answer_passes_and_prints_its_numbers(capsys):
+    state = torch.random.get_rng_state()
+    ok, out = verdict(capsys, ex.check_uptraining, run(UPTRAINING))
+    assert ok is True, out
+    assert "MHA tagger gets" in out and "after 5% more steps" in out
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(("edits", "hint"), UPTRAINING_MISTAKES, ids=[m[1][:30] for m in UPTRAINING_MISTAKES])
+def test_uptraining_mistakes_get_their_hint(edits, hint, capsys):
+    ok, out = verdict(capsys, ex.check_uptraining, run(edited(UPTRAINING, edits)))
+    assert ok is False and hint in out, out
+
+
+@pytest.mark.parametrize(("code", "hint"), UPTRAINING_WRITTEN)
+def test_uptraining_written_mistakes_get_their_hint(code, hint, capsys):
+    ok, out = verdict(capsys, ex.check_uptraining, run(code))
+    assert ok is False and hint in out, out
+
+
+def test_uptraining_pools_the_heads_that_repeat_kv_groups():
+    """The grouping the checker asks for is the layer's own: the GQA layer whose key/value heads
+    are each group's mean computes what the MHA layer computes with every head of a group set
+    to that mean (expand_kv_heads repeats them as repeat_kv does)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 8, rope=True).double().eval()
+    gqa = run(UPTRAINING)(mha, 2).double().eval()
+    same = selfattn.expand_kv_heads(gqa)  # MHA again, heads j*4 .. j*4+3 all holding the mean
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(gqa(x, is_causal=True)[0], same(x, is_causal=True)[0])
+    w = mha.k_proj.weight.view(2, 4, 2, 16)  # (H_kv, g, hd, d)
+    torch.testing.assert_close(same.k_proj.weight.view(8, 2, 16)[:4], w.mean(1)[0].expand(4, 2, 16))
+
+
+@pytest.mark.parametrize("blank", [None, "def answer(*args):\n    return None\n",
+                                   "def answer(*args):\n    raise NotImplementedError('your code here')\n"])
+@pytest.mark.parametrize("checker", ["check_uptraining", "check_cache_bug"])
+def test_blank_answers_fail_without_raising(checker, blank, capsys):
+    ok, out = verdict(capsys, getattr(ex, checker), None if blank is None else run(blank))
+    assert ok is False and out.startswith("✗ Not yet: ")
+
+
+FIXED = textwrap.dedent(inspect.getsource(build.buggy_decode)).replace(
+    "def buggy_decode", "def decode").replace(
+    "is_causal=True)  # (B, H, n, hd)", "attn_mask=causal_mask(n, start + n, offset=start))")
+IMPORTS = ("from torch import Tensor\nfrom selfattn import MultiHeadAttention, causal_mask, "
+           "merge_heads, repeat_kv, scaled_dot_product_attention, split_heads\n"
+           "from selfattn.positional import apply_rope\n")
+CACHE_FIX = IMPORTS + FIXED + "\nanswer = decode\n"
+
+CACHE_MISTAKES = [
+    ([("attn_mask=causal_mask(n, start + n, offset=start))", "is_causal=True)")], "what buggy_decode gives"),
+    ([("attn_mask=causal_mask(n, start + n, offset=start))", "attn_mask=None)")], "see the later tokens"),
+    ([("attn_mask=causal_mask(n, start + n, offset=start))", "is_causal=n > 1)")], "wrong for a later chunk"),
+    ([("attn_mask=causal_mask(n, start + n, offset=start))",
+       "attn_mask=causal_mask(n, start + n) if start == 0 else None)")], "wrong for a later chunk"),
+    ([("attn_mask=causal_mask(n, start + n, offset=start))",
+       "attn_mask=causal_mask(n, start + n, offset=start - 1) if start else causal_mask(n))")],
+     "not itself"),
+    ([("torch.arange(start, start + n, device=x.device)", "torch.arange(n, device=x.device)")],
+     "as if it started at position 0"),
+    ([("attn_mask=causal_mask(n, start + n, offset=start))",
+       "attn_mask=causal_mask(n, start + n, offset=start), scale=1.0)")], "differ from the layer's causal"),
+]
+
+CACHE_WRITTEN = [('''
+def decode(layer, x, chunks):  # right numbers, no cache: the whole prefix again every time
+    outs, start = [], 0
+    for n in chunks:
+        out, _ = layer(x[:, : start + n], is_causal=True)
+        outs.append(out[:, start:])
+        start += n
+    return torch.cat(outs, dim=1)
+
+answer = decode
+''', "recomputes the keys of earlier tokens"), ('''
+def decode(layer, x, chunks):  # right numbers, no decoding at all
+    return layer(x, is_causal=True)[0]
+
+answer = decode
+''', "the whole sequence in one call")]
+
+
+def test_the_buggy_decode_is_right_for_the_first_chunk_only():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 4, n_kv_heads=2, rope=True).eval()
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        want, _ = layer(x, is_causal=True)
+        got = build.buggy_decode(layer, x, [4, 1, 2])
+    torch.testing.assert_close(got[:, :4], want[:, :4])
+    assert not torch.allclose(got[:, 4:], want[:, 4:], atol=1e-3)
+    assert build.buggy_decode is ex.buggy_decode
+
+
+def test_cache_bug_the_fix_and_the_librarys_own_cache_pass(capsys):
+    state = torch.random.get_rng_state()
+    ok, out = verdict(capsys, ex.check_cache_bug, run(CACHE_FIX))
+    assert ok is True, out
+    assert torch.equal(torch.random.get_rng_state(), state)
+    library = '''
+def decode(layer, x, chunks):
+    cache, outs, start = selfattn.KVCache(), [], 0
+    for n in chunks:
+        outs.append(layer(x[:, start : start + n], is_causal=True, kv_cache=cache)[0])
+        start += n
+    return torch.cat(outs, dim=1)
+
+answer = decode
+'''
+    ok, out = verdict(capsys, ex.check_cache_bug, run(library))
+    assert ok is True, out
+
+
+@pytest.mark.parametrize(("edits", "hint"), CACHE_MISTAKES, ids=[m[1][:30] for m in CACHE_MISTAKES])
+def test_cache_bug_mistakes_get_their_hint(edits, hint, capsys):
+    ok, out = verdict(capsys, ex.check_cache_bug, run(edited(CACHE_FIX, edits)))
+    assert ok is False and hint in out, out
+
+
+@pytest.mark.parametrize(("code", "hint"), CACHE_WRITTEN, ids=[m[1][:30] for m in CACHE_WRITTEN])
+def test_cache_bug_written_mistakes_get_their_hint(code, hint, capsys):
+    ok, out = verdict(capsys, ex.check_cache_bug, run(code))
+    assert ok is False and hint in out, out
+
+
+def test_the_checkers_are_exported_and_documented():
+    for name in ("check_uptraining", "check_cache_bug"):
+        assert name in ex.__all__ and getattr(ex, name) is getattr(build, name)
+        assert getattr(ex, name).__doc__.startswith("Chapter 11, build-it exercise")
+
+
+def test_uptraining_recovery_runs_on_a_tiny_budget():
+    arms = build.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
+    assert list(arms) == ["MHA", "pooled", "random K/V", "pooled, uptrained", "random K/V, uptrained"]
+    assert all(len(v) == 2 and all(0 <= a <= 1 for a in v) for v in arms.values())
+    again = build.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
+    assert again == arms  # seeded
