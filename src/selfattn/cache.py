@@ -125,8 +125,9 @@ def _bytes_per_token(k: Tensor, v: Tensor) -> int:
 class KVCache(Cache):
     """Every token's keys and values, for token-by-token decoding, in one contiguous buffer.
 
-    Stores ``(B, n_kv_heads, capacity, head_dim)`` buffers, allocated at the first append and
-    doubled when full, so appending a token copies only that token (amortised O(1)), never the
+    Stores ``(B, n_kv_heads, C, head_dim)`` buffers, allocated at the first append with room for
+    ``C = max(capacity, tokens appended)`` tokens and doubled when full (``capacity`` stays the
+    first buffer's size), so appending a token copies only that token (amortised O(1)), never the
     whole cache as ``torch.cat`` would; ``append`` returns views, no copy. MQA's cache is
     ``n_heads`` times smaller than MHA's. Doubling leaves up to half of the allocation unused:
     just after a doubling the cache holds little more than half of :attr:`allocated_bytes`.

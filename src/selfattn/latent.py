@@ -16,8 +16,8 @@ token costs ``kv_rank`` numbers per layer where multi-head attention stores
 q_{t,i}^\top W^{UK}_i c^{KV}_j = (W^{UK\top}_i q_{t,i})^\top c^{KV}_j$: the query can be mapped
 into the latent space once, and compared with the cached latents directly. Likewise
 $W^O_i \sum_j a_{tj} W^{UV}_i c^{KV}_j = (W^O_i W^{UV}_i) \sum_j a_{tj} c^{KV}_j$: the weighted
-sum of the latents goes straight into an output projection with $W^{UV}$ folded in. "We can
-absorb $W^{UK}$ into $W^Q$, and $W^{UV}$ into $W^O$" (§2.1.2), and no per-head key or value is
+sum of the latents goes straight into an output projection with $W^{UV}$ folded in: §2.1.2
+absorbs $W^{UK}$ into $W^Q$ and $W^{UV}$ into $W^O$ at inference, and no per-head key or value is
 ever built.
 
 **Decoupled RoPE** (§2.1.3). RoPE rotates a query at position $i$ by $R_i$ and a key at $j$ by

@@ -926,7 +926,8 @@ def check_uptraining(fn: object) -> str:
         _uptraining_case(fn, d_model, n_heads, n_kv, rope, seed)
     acc = {arm: values[0] for arm, values in uptraining_recovery(fn, seeds=[0]).items()}
     return (f"each group's key and value heads are mean-pooled, the queries and output kept. On the "
-            f"tagging task (one seed, chance 25%), the MHA tagger gets {acc['MHA']:.0%} of the "
+            f"tagging task (one seed: the numbers vary from seed to seed; chance 25%), the MHA "
+            f"tagger gets {acc['MHA']:.0%} of the "
             f"ambiguous words; pooled to 2 key/value heads {acc['pooled']:.0%}, and "
             f"{acc['pooled, uptrained']:.0%} after 5% more steps; with random key/value heads "
             f"{acc['random K/V']:.0%}, and {acc['random K/V, uptrained']:.0%} after the same steps")
