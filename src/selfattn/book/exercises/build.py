@@ -937,12 +937,12 @@ def check_uptraining(fn: object) -> str:
 
 
 def buggy_decode(layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> Tensor:
-    """Chapter 11's cache bug: decode ``x`` (B, T, d_model) through ``layer`` (self-attention,
-    causal, any number of key/value heads, RoPE or not) a chunk of tokens at a time, ``chunks``
-    their lengths (a prompt, then one token at a time, now and then a few at once, as when a
-    draft's tokens are checked), keeping every key and value in a cache. Returns the layer's
-    outputs for every token, (B, T, out_dim), which should equal
-    ``layer(x, is_causal=True)[0]``. One line is wrong."""
+    """Chapter 11's cache bug: decode ``x`` (B, T, d_model) through ``layer``
+    (self-attention, causal, any number of key/value heads, RoPE or not) a chunk of
+    tokens at a time, ``chunks`` their lengths (a prompt, then one token at a time, now
+    and then a few at once, as when a draft's tokens are checked), keeping every key and
+    value in a cache. Returns the layer's outputs for every token, (B, T, out_dim),
+    which should equal ``layer(x, is_causal=True)[0]``. One line is wrong."""
     cfg = layer.config
     g = cfg.n_heads // cfg.n_kv_heads  # query heads per key/value head
     keys = values = None  # the cache: (B, H_kv, tokens so far, hd)
@@ -955,10 +955,11 @@ def buggy_decode(layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> Ten
         if cfg.rope:  # the new tokens sit at positions start .. start + n - 1
             positions = torch.arange(start, start + n, device=x.device)
             q, k = apply_rope(q, positions), apply_rope(k, positions)
-        keys = k if keys is None else torch.cat([keys, k], dim=2)  # (B, H_kv, start + n, hd)
-        values = v if values is None else torch.cat([values, v], dim=2)  # (B, H_kv, start + n, hd)
-        out, _ = scaled_dot_product_attention(q, repeat_kv(keys, g), repeat_kv(values, g),
-                                              is_causal=True)  # (B, H, n, hd)
+        # the cache, (B, H_kv, start + n, hd) each
+        keys = k if keys is None else torch.cat([keys, k], dim=2)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        kv = repeat_kv(keys, g), repeat_kv(values, g)  # (B, H, start + n, hd) each
+        out, _ = scaled_dot_product_attention(q, *kv, is_causal=True)  # (B, H, n, hd)
         outputs.append(layer.out_proj(merge_heads(out)))  # (B, n, out_dim)
         start += n
     return torch.cat(outputs, dim=1)  # (B, T, out_dim)
