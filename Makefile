@@ -1,8 +1,8 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
 #   make test   lint and type check; find or install a browser; set up .venv if needed; unit
-#               tests, then the chapters with a live explorer under nbval on Colab's widgets, beside
-#               build; then book checks
+#               tests, then the chapters with a live explorer under nbval on Colab's widgets,
+#               beside the book build; then book checks
 #   make unit   the inner loop (a minute or two): lint, type check, the tests that need no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
 #   make gpu    on a machine with a CUDA GPU: what only a GPU can run, with a dated report
@@ -65,7 +65,8 @@ browser:
 # explorer would only repeat its book run. The two run side by side, one thread each (small
 # tensors gain little from a second thread, so on 2 cores this takes about half the time of one
 # after the other). The tests that read the built book and the harness's report run last.
-EXPLORER_CHAPTERS = $(shell grep -l '^ *"explorer(' chapters/*.ipynb)
+# (a code line that starts with `explorer(`; \x28 is the bracket, which make would read)
+EXPLORER_CHAPTERS = $(shell grep -lP '^ *"explorer\x28' chapters/*.ipynb)
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	@log=$$(mktemp); \
 	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
