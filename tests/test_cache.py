@@ -75,6 +75,23 @@ def test_every_cache_equals_the_full_pass_under_its_mask(kind, n_kv_heads, rope,
 
 
 @pytest.mark.parametrize("kind", list(MASKS))
+def test_gradients_through_every_cache_equal_the_full_pass(kind):
+    """Autograd on (training through a cache, chunk by chunk): the outputs and the gradients
+    with respect to the inputs and to an additive mask equal those of the masked full pass."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(F64)
+    x = torch.randn(1, N, D, dtype=F64, requires_grad=True)
+    full, _ = layer(x, attn_mask=selfattn.causal_mask(N, **MASKS[kind]))
+    want = torch.autograd.grad(full.square().sum(), [x, layer.k_proj.weight])
+    cache = make_cache(kind, n_kv_heads=2)
+    out = decode(layer, x, cache, [3, 1, 4, 2] + [1] * (N - 10))
+    got = torch.autograd.grad(out.square().sum(), [x, layer.k_proj.weight])
+    torch.testing.assert_close(out, full)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("kind", list(MASKS))
 def test_append_returns_size_after_keys_and_a_mask_of_that_width(kind):
     cache = make_cache(kind, n_kv_heads=2)
     batch = 1 if kind == "paged" else 2

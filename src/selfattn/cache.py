@@ -150,6 +150,13 @@ class KVCache(Cache):
             self._v = v.new_empty(B, n_kv, cap, v.shape[-1])  # (B, n_kv, cap, hd_v)
         else:
             _check_like_stored("KVCache", k, v, self._k, self._v)
+            if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+                # autograd saved the views returned before: writing into their buffer would
+                # invalidate them, so build new buffers instead (a copy a step: gradients' price)
+                self._k = torch.cat([self._k[:, :, : self.length], k], dim=2)  # (B, n_kv, S, hd)
+                self._v = torch.cat([self._v[:, :, : self.length], v], dim=2)
+                self.length = end
+                return self._k, self._v
             if end > self._k.shape[2]:
                 cap = max(2 * self._k.shape[2], end)
                 self._k, self._v = self._grown(self._k, cap), self._grown(self._v, cap)
