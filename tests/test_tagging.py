@@ -429,3 +429,43 @@ def test_default_sense_removes_the_cue_and_reads_the_fallback():
     share = measure.default_sense(Eliminator(), task)
     assert share.shape == (task.n_cues,) and share.tolist() == [0.0, 0.0, 1.0, 0.0]
     assert (task.tokens[torch.arange(64), task.cue_position] >= 1).all()  # task left as it was
+
+
+def test_train_cache_gives_back_what_training_gave_random_state_included(tmp_path, monkeypatch):
+    """SELFATTN_TRAIN_CACHE (make test's second run of the explorer chapters): a repeated call
+    loads the same models, losses, snapshots and global random state without training; any
+    change in the data, the settings or the initial weights misses the cache."""
+    task = data.tagging_task(200, seq_len=12, seed=3)
+
+    def make():
+        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16)
+
+    def run(**kwargs):
+        settings = dict(seeds=[4, 7], steps=4, batch_size=8, progress=False, snapshot_every=2)
+        trained, histories = train.train_seeds(make, task, **{**settings, **kwargs})
+        return trained, histories, torch.rand(3)  # the random state training left behind
+
+    fresh = run()  # no cache
+    monkeypatch.setenv(train.TRAIN_CACHE, str(tmp_path))
+    stored = run()
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    loaded = run()
+    for a, b in [(fresh, loaded), (stored, loaded)]:
+        for m, n in zip(a[0], b[0], strict=True):
+            assert not n.training
+            for key, value in m.state_dict().items():
+                assert torch.equal(n.state_dict()[key], value), key
+        for h, g in zip(a[1], b[1], strict=True):
+            assert h.loss == g.loss and [s for s, _ in h.snapshots] == [s for s, _ in g.snapshots]
+        assert torch.equal(a[2], b[2])  # the global generator is where training left it
+    run(lr=1e-2)  # another setting: trained and stored anew
+    run(seeds=[4, 8])
+
+    def no_positions():  # the same weights as make(): only a setting and a buffer differ
+        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16, positions="none")
+
+    train.train_seeds(no_positions, task, seeds=[4, 7], steps=4, batch_size=8, progress=False,
+                      snapshot_every=2)
+    other = data.tagging_task(200, seq_len=12, seed=4)
+    train.train_seeds(make, other, seeds=[4, 7], steps=4, batch_size=8, progress=False)
+    assert len(list(tmp_path.glob("*.pt"))) == 5

@@ -9,12 +9,22 @@ the seeds come from one place, :func:`seed_range` (initial weights and batches) 
 :func:`data_seed` (a task's data). Setting the environment variable ``SELFATTN_SEEDS_FROM=N``
 shifts every seed both give by ``N``, so ``make robust`` re-runs every chapter that trains on a
 range nobody chose; every assert must hold there too. :func:`k_of_n` prints a count over seeds.
+
+For the test suite only: with ``SELFATTN_TRAIN_CACHE=DIR`` set, :func:`train_seeds` keeps what it
+trained in DIR, keyed by everything the result depends on (the library's source, the initial
+weights, the data, the seeds and the settings), and a later identical call loads it instead of
+training again, random state included. ``make test`` sets it so that the second run of the
+explorer chapters (on Colab's widget versions) reuses the book build's training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import inspect
 import os
+import pathlib
 import textwrap
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,6 +39,9 @@ from .data import Sequences, TaggingData
 
 MIN_SEEDS = 10
 """The fewest seeds a conclusion from training may rest on."""
+
+TRAIN_CACHE = "SELFATTN_TRAIN_CACHE"
+"""The environment variable naming a folder where :func:`train_seeds` keeps its results (tests)."""
 
 SEEDS_FROM = "SELFATTN_SEEDS_FROM"
 """The environment variable that shifts every seed :func:`seed_range` and :func:`data_seed` give."""
@@ -171,8 +184,6 @@ def train_seeds(
     the other. Returns the trained models
     (in ``eval()`` mode) and their histories.
     """
-    from torch.func import functional_call, stack_module_state, vmap
-
     if seeds is None:
         seeds = seed_range()
     if not seeds:
@@ -181,6 +192,21 @@ def train_seeds(
     for seed in seeds:
         torch.manual_seed(seed)
         models.append(make_model())
+    cache = _cache_file(models, data, seeds, steps, batch_size, lr, snapshot_every)
+    if cache is not None and cache.exists():
+        return _load(cache, models)
+    models, histories = _train_seeds(models, data, seeds, steps, batch_size, lr, progress,
+                                     desc, snapshot_every)
+    if cache is not None:
+        _store(cache, models, histories)
+    return models, histories
+
+
+def _train_seeds(models: list[nn.Module], data: Sequences, seeds: Sequence[int], steps: int,
+                 batch_size: int, lr: float, progress: bool, desc: str,
+                 snapshot_every: int | None) -> tuple[list[nn.Module], list[History]]:
+    from torch.func import functional_call, stack_module_state, vmap
+
     if any(isinstance(m, nn.RNNBase) for m in models[0].modules()):
         # PyTorch's fused recurrent kernels have no batching rule: one seed after the other
         histories = [train(model, data, steps, batch_size, lr, seed, progress,
@@ -224,6 +250,48 @@ def train_seeds(
                 t.copy_(trained[name][i])
             model.eval()
     return models, histories
+
+
+def _cache_file(models: list[nn.Module], data: Sequences, seeds: Sequence[int], steps: int,
+                batch_size: int, lr: float, snapshot_every: int | None) -> pathlib.Path | None:
+    """Where ``SELFATTN_TRAIN_CACHE`` keeps this training's result; None when unset (or off
+    the CPU, whose random state alone is restored)."""
+    folder = os.environ.get(TRAIN_CACHE, "")
+    if not folder or next(models[0].parameters()).device.type != "cpu":
+        return None
+    digest = hashlib.sha256()
+    for source in sorted(pathlib.Path(__file__).resolve().parents[1].rglob("*.py")):
+        digest.update(source.read_bytes())  # the library and the book's models: the code
+    digest.update(repr((torch.__version__, list(seeds), steps, batch_size, lr,
+                        snapshot_every)).encode())
+    for module in models[0].modules():  # the structure and every setting, not only the weights
+        settings = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        digest.update(repr((type(module).__module__, type(module).__qualname__,
+                            sorted(settings.items()))).encode())
+        with contextlib.suppress(OSError, TypeError):  # a class typed in a notebook has no file
+            digest.update(inspect.getsource(type(module)).encode())
+    tensors = [v for m in models for v in (*m.state_dict().values(), *m.buffers())]
+    for t in [data.tokens, data.tags, *tensors]:
+        digest.update(repr((t.dtype, tuple(t.shape))).encode() + t.contiguous().numpy().tobytes())
+    return pathlib.Path(folder) / f"{digest.hexdigest()[:24]}.pt"
+
+
+def _store(path: pathlib.Path, models: list[nn.Module], histories: list[History]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # two processes may write at once
+    torch.save({"states": [m.state_dict() for m in models],
+                "histories": [(h.loss, h.snapshots) for h in histories],
+                "rng": torch.get_rng_state()}, temporary)
+    temporary.replace(path)
+
+
+def _load(path: pathlib.Path, models: list[nn.Module]) -> tuple[list[nn.Module], list[History]]:
+    saved = torch.load(path, weights_only=True)
+    for model, state in zip(models, saved["states"], strict=True):
+        model.load_state_dict(state)
+        model.eval()
+    torch.set_rng_state(saved["rng"])  # as if trained here: later cells draw the same numbers
+    return models, [History(loss, snapshots) for loss, snapshots in saved["histories"]]
 
 
 @torch.no_grad()
