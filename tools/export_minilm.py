@@ -45,8 +45,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 MODEL_FILE = "minilm-attention-fp16.onnx"
 VOCAB_FILE = "vocab.txt"
 INPUT_NAME = "input_ids"
