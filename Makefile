@@ -1,8 +1,8 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
-#   make test   lint and type check; find or install a browser; set up .venv if needed; unit
-#               tests, then the chapters with a live explorer under nbval on Colab's widgets,
-#               beside the book build; then book checks
+#   make test   lint and type check; find or install a browser; set up .venv if needed; every
+#               chapter, two at a time, beside the unit tests; then the chapters with an
+#               explorer under nbval on Colab's widgets, beside the page rendering; book checks
 #   make unit   the inner loop (a minute or two): lint, type check, the tests that need no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
 #   make gpu    on a machine with a CUDA GPU: what only a GPU can run, with a dated report
@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
 CJK_FONT := _vendor/fonts/book-cjk.woff2
 
-.PHONY: book test unit lint bench clean browser robust gpu
+.PHONY: book executed test unit lint bench clean browser robust gpu
 
 # Two jobs: the Python packages, the JavaScript and the browser install side by side (each
 # recipe below is one job; the chapters' own two-way split is in the test recipe)
@@ -46,13 +46,18 @@ $(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipy
 	$(PY) tools/cjk_font.py $(@D)
 	cp node_modules/noto-sans-sc/LICENSE_OFL.txt $(@D)/
 
-book: $(STAMP) $(VENDOR) $(CJK_FONT)
+# The chapters run two at a time into the build's notebook cache (tools/execute_book.py), then
+# jupyter-book renders them from it; a chapter whose code did not change is not run again.
+executed: $(STAMP) $(VENDOR) $(CJK_FONT)
 	@hash=$$($(PY) tools/srchash.py); \
 	if [ "$$(cat _build/.src-hash 2>/dev/null)" != "$$hash" ]; then \
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
-		rm -rf _build; \
+		rm -rf _build; mkdir -p _build; echo "$$hash" > _build/.src-hash; \
 	fi; \
-	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going . && echo "$$hash" > _build/.src-hash
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2
+
+book: executed
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going .
 	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
 
 # The browser test needs a Chromium: find one, or install one where this machine allows it
@@ -60,20 +65,27 @@ book: $(STAMP) $(VENDOR) $(CJK_FONT)
 browser:
 	@$(PYTHON) tools/find_browser.py --install > /dev/null
 
-# Every chapter runs in the book build (ipywidgets 8, static explorers), its asserts included.
-# The chapters with a live explorer run a second time, under nbval in .venv/colab, on the widget
-# versions Colab has (ipywidgets 7.7.1, live explorers driven by tests/colab_harness.py; see
-# tools/colab_env.py): the widgets are all that environment changes, so a chapter without an
-# explorer would only repeat its book run. The two run side by side, one thread each (small
-# tensors gain little from a second thread, so on 2 cores this takes about half the time of one
-# after the other). The tests that read the built book and the harness's report run last.
+# Every chapter runs in the book build (ipywidgets 8, static explorers), its asserts included:
+# two at a time, one thread each (small tensors gain little from a second thread), beside the
+# unit tests. The chapters with a live explorer then run a second time, under nbval in
+# .venv/colab, on the widget versions Colab has (ipywidgets 7.7.1, live explorers driven by
+# tests/colab_harness.py; see tools/colab_env.py), while jupyter-book renders the pages: the
+# widgets are all that environment changes, so that run loads what the first one trained
+# (SELFATTN_TRAIN_CACHE, see selfattn.book.train; cleared at the start) instead of training it
+# again. The tests that read the built book and the harness's report run last.
 # (a code line that starts with `explorer(`; \x28 is the bracket, which make would read)
 EXPLORER_CHAPTERS = $(shell grep -lP '^ *"explorer\x28' chapters/*.ipynb)
+TRAIN_CACHE := $(CURDIR)/_build/.train-cache
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
-	@log=$$(mktemp); \
-	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
+	@rm -rf $(TRAIN_CACHE); log=$$(mktemp); \
+	(OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) $(MAKE) --no-print-directory executed \
+		> $$log 2>&1) & executed=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
-	OMP_NUM_THREADS=1 $(PY) tools/colab_env.py pytest --nbval-lax $(EXPLORER_CHAPTERS); chapters=$$?; \
+	wait $$executed; ran=$$?; cat $$log; \
+	if [ $$ran -ne 0 ]; then echo "a chapter failed (exit $$ran)"; exit $$ran; fi; \
+	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
+	OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) \
+		$(PY) tools/colab_env.py pytest --nbval-lax $(EXPLORER_CHAPTERS); chapters=$$?; \
 	wait $$book; built=$$?; cat $$log; rm -f $$log; \
 	if [ $$built -ne 0 ]; then echo "make book failed (exit $$built)"; exit $$built; fi; \
 	$(PY) -m pytest -m built_book tests; late=$$?; \
