@@ -1,5 +1,10 @@
 """Checkers for the chapters' recall exercises: a number, a count, a short function that the
 library already computes. Each says "correct" or what is still wrong (see :mod:`.scaffold`).
+
+The value an exercise's answer should have is a function here too (``additive_parameters``,
+``kv_cache_bytes``, ``saturation_width``, ...), the one its checker uses or accepts: the book's
+on-page self-checks (:mod:`selfattn.book.selfcheck`) ask for it at concrete sizes, so the page and
+the checker cannot disagree (``tests/test_selfcheck.py`` checks every pair).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import torch
 
 from ...attention import scaled_dot_product_attention
 from ...cache import KVCache
-from ...heads import repeat_kv
+from ...heads import merge_heads, repeat_kv
 from ...masks import causal_mask, padding_mask
 from ...multihead import MultiHeadAttention
 from ...positional import alibi_slopes, sinusoidal_encoding
@@ -18,6 +23,103 @@ from ...scoring import AdditiveScorer
 from ..measure import attention_flops, influence
 from ..models import CNNTagger, WindowTagger, count_parameters
 from .scaffold import NotYet, _call, _checker, _number, _tensor
+
+# The values the answers should have, at any sizes: each is what its checker computes or accepts.
+
+
+def dot_variance(d: int, variance: float) -> float:
+    """Chapter 4, exercise 1: Var(q . k) for ``d`` independent entries of ``q`` and ``k``, each of
+    variance ``variance``: ``d`` products of variance ``variance**2``."""
+    return d * variance * variance
+
+
+def saturation_width(n_keys: int = 64, threshold: float = 0.9) -> int:
+    """Chapter 4, exercise 2: the smallest power of two ``d_k`` at which the median unscaled row of
+    ``n_keys`` keys puts more than ``threshold`` of its weight on its top key."""
+    from ..measure import median_top_weight
+
+    for d in (2**i for i in range(1, 13)):
+        if median_top_weight(d, n_keys) > threshold:
+            return d
+    raise ValueError(f"no width up to 4096 puts more than {threshold} on the top of {n_keys} keys")
+
+
+def gradient_crossover() -> int:
+    """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query gets
+    more gradient with the scale than without it (``measure.query_gradient_ratio``)."""
+    from ..measure import query_gradient_ratio
+
+    for d in (2**i for i in range(1, 11)):
+        if query_gradient_ratio(d) > 1:
+            return d
+    raise ValueError("the scale gives the typical query less gradient at every width up to 1024")
+
+
+def additive_parameters(query_dim: int, key_dim: int, hidden: int) -> int:
+    """Chapter 3, exercise 1: the numbers an ``AdditiveScorer(query_dim, key_dim, hidden)`` learns,
+    counted on the module."""
+    return count_parameters(AdditiveScorer(query_dim, key_dim, hidden))
+
+
+def additive_pair_bytes(L: int, S: int, hidden: int) -> int:
+    """Chapter 3, exercise 2: the bytes of the ``(L, S, hidden)`` float32 tensor the additive scorer
+    builds for ``L`` queries and ``S`` keys, as the scorer builds it, on PyTorch's meta device
+    (shapes and dtypes, no memory), so that gigabytes cost nothing."""
+    with torch.device("meta"):
+        scorer = AdditiveScorer(2, 2, hidden)
+        pairs = scorer.w_q(torch.zeros(L, 2)).unsqueeze(-2) + scorer.w_k(torch.zeros(S, 2)).unsqueeze(-3)
+    return pairs.nbytes
+
+
+def article_attention_shape(batch: int, n_heads: int, n_queries: int, n_keys: int) -> tuple[int, ...]:
+    """Chapter 6, exercise 1: the shape of the article's ``attention``: heads and batch merged into
+    one leading dimension, ``(n_heads * batch, n_queries, n_keys)``."""
+    return (n_heads * batch, n_queries, n_keys)
+
+
+def mha_parameters(d_model: int, n_heads: int) -> int:
+    """Chapter 6, exercise 2: the parameters of ``MultiHeadAttention(d_model, n_heads)``, counted
+    on the module."""
+    return count_parameters(MultiHeadAttention(d_model, n_heads))
+
+
+def kv_cache_bytes(batch: int, n_kv_heads: int, context: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Chapter 7, exercise 1: the bytes a :class:`~selfattn.KVCache` holds for ``context`` tokens,
+    measured on a real one."""
+    cache = KVCache()
+    k = torch.zeros(batch, n_kv_heads, context, head_dim, dtype=dtype)
+    cache.append(k, k)
+    return cache.nbytes
+
+
+def repeat_kv_shape(shape: tuple[int, ...], g: int) -> tuple[int, ...]:
+    """Chapter 7, exercise 2: the shape of ``repeat_kv(k, g)`` for ``k`` of shape ``(B, H_kv, S,
+    hd)``, from :func:`selfattn.repeat_kv` on the meta device."""
+    return tuple(repeat_kv(torch.empty(shape, device="meta"), g).shape)
+
+
+def merge_heads_entry(shape: tuple[int, int, int, int], token: int, feature: int) -> int:
+    """Chapter 8, exercise 1: for ``x = torch.arange(B * H * T * hd).reshape(shape)``, the number
+    at ``[0, token, feature]`` of :func:`selfattn.merge_heads` ``(x)``."""
+    x = torch.arange(math.prod(shape)).reshape(shape)
+    return int(merge_heads(x)[0, token, feature])
+
+
+def causal_pairs(L: int) -> int:
+    """Chapter 8, exercise 3: how many (query, key) pairs the ``(L, L)`` causal mask lets attend."""
+    return int(causal_mask(L).sum())
+
+
+def scores_bytes(n_heads: int, T: int, dtype: torch.dtype = torch.float32) -> int:
+    """Chapter 9, exercise 2: the bytes of one ``(n_heads, T, T)`` matrix of scores."""
+    return torch.empty(0, dtype=dtype).element_size() * n_heads * T * T
+
+
+def model_cache_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Chapter 11, exercise 1: a model's KV cache per token: every layer caches a key and a value
+    for each key/value head."""
+    return layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
 
 
 @_checker
@@ -136,8 +238,8 @@ def check_dot_variance(answer: object) -> str:
     if abs(answer - measured) / measured >= 0.06:
         raise NotYet(f"{answer} is far from the measured variance; each term q_i k_i has variance "
                      "Var(q_i) * Var(k_i)")
-    return (f"each product has variance 0.5 * 0.5 = 0.25; 100 of them give 25 (measured over "
-            f"40,000 samples: {measured:.2f})")
+    return (f"each product has variance 0.5 * 0.5 = 0.25; 100 of them give "
+            f"{dot_variance(100, 0.5):g} (measured over 40,000 samples: {measured:.2f})")
 
 
 @_checker
@@ -161,7 +263,7 @@ def check_additive_parameters(fn: object) -> str:
     """Chapter 3, exercise 1: ``fn(query_dim, key_dim, hidden)`` counts an AdditiveScorer's numbers."""
     for q_dim, k_dim, hidden in [(8, 8, 4), (10, 3, 16), (1, 1, 1)]:
         got = _call(fn, q_dim, k_dim, hidden)
-        want = count_parameters(AdditiveScorer(q_dim, k_dim, hidden))
+        want = additive_parameters(q_dim, k_dim, hidden)
         if got != want:
             raise NotYet(f"query_dim={q_dim}, key_dim={k_dim}, hidden={hidden}: you say {got!r}, "
                          f"the scorer has {want}")
@@ -174,11 +276,10 @@ def check_additive_bytes(fn: object) -> str:
     ``(L, S, hidden)`` tensor the additive scorer builds, checked against the real tensor."""
     for L, S, hidden in [(4, 6, 8), (128, 128, 32), (1, 1000, 3)]:
         got = _call(fn, L, S, hidden)
-        scorer = AdditiveScorer(2, 2, hidden)
-        pairs = scorer.w_q(torch.zeros(L, 2)).unsqueeze(-2) + scorer.w_k(torch.zeros(S, 2)).unsqueeze(-3)
-        if got != pairs.nbytes:
+        want = additive_pair_bytes(L, S, hidden)
+        if got != want:
             raise NotYet(f"L={L}, S={S}, hidden={hidden}: you say {got!r}, the tensor takes "
-                         f"{pairs.nbytes} bytes")
+                         f"{want} bytes")
     return "L * S * hidden numbers of 4 bytes each"
 
 
@@ -191,10 +292,11 @@ def check_article_attention_shape(answer: object) -> str:
     if answer == (3, 4, 5, 7):
         raise NotYet("that is the library's layout (B, H, L, S); the article merges two of those "
                      "dimensions")
-    if answer != (3 * 4, 5, 7):
+    want = article_attention_shape(batch=3, n_heads=4, n_queries=5, n_keys=7)
+    if answer != want:
         raise NotYet(f"{answer} is not the shape; follow the view/permute of q and k")
     return ("heads and batch are merged into one leading dimension: (heads x batch, queries, keys) "
-            "= (12, 5, 7)")
+            f"= {want}")
 
 
 @_checker
@@ -202,7 +304,7 @@ def check_mha_parameters(fn: object) -> str:
     """Chapter 6, exercise 2: ``fn(d_model, n_heads)`` counts MultiHeadAttention's parameters."""
     for d_model, n_heads in [(8, 1), (64, 8), (96, 3)]:
         got = _call(fn, d_model, n_heads)
-        want = count_parameters(MultiHeadAttention(d_model, n_heads))
+        want = mha_parameters(d_model, n_heads)
         if got != want:
             raise NotYet(f"d_model={d_model}, n_heads={n_heads}: you say {got!r}, the module has "
                          f"{want}")
@@ -218,12 +320,10 @@ def check_cache_bytes(fn: object) -> str:
                                              (3, 4, 10, 16, torch.bfloat16)]:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         got = _call(fn, batch, n_kv, context, hd, itemsize)
-        cache = KVCache()
-        k = torch.zeros(batch, n_kv, context, hd, dtype=dtype)
-        cache.append(k, k)
-        if got != cache.nbytes:
+        want = kv_cache_bytes(batch, n_kv, context, hd, dtype)
+        if got != want:
             raise NotYet(f"batch={batch}, n_kv_heads={n_kv}, context={context}, head_dim={hd}, "
-                         f"itemsize={itemsize}: you say {got!r}, the cache holds {cache.nbytes}")
+                         f"itemsize={itemsize}: you say {got!r}, the cache holds {want}")
     return "keys and values: 2 * batch * n_kv_heads * context * head_dim * itemsize"
 
 
@@ -321,7 +421,7 @@ def check_attention_flops(fn: object) -> str:
 def check_scores_bytes(answer: object) -> str:
     """Chapter 9, exercise 2: bytes of a (32, 8192, 8192) float32 score matrix."""
     answer = _number(answer)
-    want = torch.empty(0).element_size() * 32 * 8192 * 8192
+    want = scores_bytes(32, 8192, torch.float32)
     if answer != want:
         raise NotYet(f"{answer:,} is not it: heads x T x T numbers of 4 bytes each")
     return f"{want:,} bytes = {want / 2**30:.0f} GiB for one layer's scores"
@@ -333,7 +433,7 @@ def check_model_cache_bytes(answer: object) -> str:
     8 key/value heads of width 128; Grattafiori et al. 2024, Table 3)."""
     answer = _number(answer)
     layers, kv_heads, head_dim, itemsize = 80, 8, 128, torch.empty(0, dtype=torch.float16).element_size()
-    want = layers * 2 * kv_heads * head_dim * itemsize
+    want = model_cache_bytes(layers, kv_heads, head_dim, torch.float16)
     if answer == want // 2:
         raise NotYet(f"{answer:,} counts the keys or the values: a token caches both")
     if answer == layers * 2 * 64 * head_dim * itemsize:

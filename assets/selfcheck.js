@@ -1,0 +1,244 @@
+/* The book's self-checks, checked in the page with no kernel (src/selfattn/book/selfcheck.py
+   writes their HTML: a div.selfattn-selfcheck with data-kind, data-expected and, for a number,
+   data-rtol; a text box, a Check button and a verdict line with role="status").
+
+   A classic script with no dependencies. On DOMContentLoaded it wires every self-check in the
+   page: the Check button, or Enter in the text box, writes the verdict. The verdict says right or
+   not yet, and what is off (too high, too low, a dimension), never the answer.
+
+   window.selfattnSelfCheck is the test entry (tests/test_selfcheck.py calls it in Node without a
+   DOM; tests/test_selfcheck_browser.py in the built book):
+     parseNumber(text)      -> {ok: true, value} or {ok: false}: "1,024", "1_024", "1e6",
+                               "2**20", "2^20", "4 * 2**30", "4 GiB", "(3 + 1) / 2", ...
+     parseShape(text)       -> {ok: true, value: [ints]} or {ok: false}: "(2, 8, 16)", "2, 8, 16",
+                               "[2, 8, 16]", "torch.Size([2, 8, 16])", "2 x 8 x 16"
+     judge(spec, text)      -> {state, message}: spec is {kind, expected, rtol}; state is "right",
+                               "wrong", "unreadable" (not a number or a shape) or "empty"
+     readSpec(element)      -> the spec in a self-check's data attributes
+     verdict(element, text) -> judge(readSpec(element), text)
+     wireAll(root)          -> wires every self-check under root (document by default) */
+(function (global) {
+  "use strict";
+
+  var DEFAULT_RTOL = 1e-6; // as selfcheck.DEFAULT_RTOL
+  var UNITS = { k: 1024, m: 1048576, g: 1073741824, t: 1099511627776 }; // KiB, MiB, GiB, TiB
+
+  function fail(why) {
+    return { ok: false, why: why };
+  }
+
+  /* Numbers, operators and brackets; null for any other character. */
+  function tokens(text) {
+    var out = [];
+    var re = /\s*(?:(\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)|(\*\*|[-+*\/^()]))/iy;
+    var at = 0;
+    text = text.replace(/\s+$/, "");
+    while (at < text.length) {
+      re.lastIndex = at;
+      var m = re.exec(text);
+      if (!m) return null;
+      out.push(m[1] !== undefined ? { num: parseFloat(m[1]) } : { op: m[2] === "^" ? "**" : m[2] });
+      at = re.lastIndex;
+    }
+    return out;
+  }
+
+  /* Recursive descent, with Python's precedence: ** binds tighter than a unary minus on its left
+     (-2**2 is -4) and groups to the right (2**3**2 is 2**9). */
+  function evaluate(list) {
+    var i = 0;
+    function peek(op) {
+      return i < list.length && list[i].op === op;
+    }
+    function sum() {
+      var v = product();
+      while (peek("+") || peek("-")) v = list[i++].op === "+" ? v + product() : v - product();
+      return v;
+    }
+    function product() {
+      var v = unary();
+      while (peek("*") || peek("/")) v = list[i++].op === "*" ? v * unary() : v / unary();
+      return v;
+    }
+    function unary() {
+      if (peek("-")) { i++; return -unary(); }
+      if (peek("+")) { i++; return unary(); }
+      return power();
+    }
+    function power() {
+      var base = atom();
+      if (peek("**")) { i++; return Math.pow(base, unary()); }
+      return base;
+    }
+    function atom() {
+      if (i >= list.length) throw new Error("ends too soon");
+      var t = list[i++];
+      if (t.num !== undefined) return t.num;
+      if (t.op === "(") {
+        var v = sum();
+        if (!peek(")")) throw new Error("unclosed bracket");
+        i++;
+        return v;
+      }
+      throw new Error("unexpected " + t.op);
+    }
+    var value = sum();
+    if (i !== list.length) throw new Error("unexpected text after the number");
+    return value;
+  }
+
+  function parseNumber(text) {
+    var s = String(text).trim()
+      .replace(/[\u00a0\u2009\u202f]/g, " ") // no-break and thin spaces
+      .replace(/[\u00d7\u22c5\u00b7]/g, "*") // times signs
+      .replace(/\u2212/g, "-"); // the minus sign
+    var scale = 1;
+    var unit = /^(.*?)\s*(?:([kmgt])ib|bytes?)$/i.exec(s);
+    if (unit) {
+      s = unit[1];
+      if (unit[2]) scale = UNITS[unit[2].toLowerCase()];
+    }
+    s = s.replace(/(\d)[,_ ](?=\d{3}(?!\d))/g, "$1") // 1,024 and 1 024: groups of three digits
+      .replace(/(\d)_(?=\d)/g, "$1"); // 1_024 (Python allows _ between any digits)
+    if (s === "" || s.indexOf(",") >= 0 || s.indexOf("_") >= 0) return fail("not a number");
+    var list = tokens(s);
+    if (!list || list.length === 0) return fail("not a number");
+    var value;
+    try {
+      value = evaluate(list) * scale;
+    } catch (e) {
+      return fail("not a number");
+    }
+    return isFinite(value) ? { ok: true, value: value } : fail("not a finite number");
+  }
+
+  function parseShape(text) {
+    var s = String(text).trim();
+    var size = /^torch\.Size\(\s*(.*)\s*\)$/.exec(s);
+    if (size) s = size[1].trim();
+    var brackets = /^\((.*)\)$|^\[(.*)\]$/.exec(s);
+    if (brackets) s = (brackets[1] !== undefined ? brackets[1] : brackets[2]).trim();
+    var parts = s.indexOf(",") >= 0 ? s.split(",") : s.split(/\s*[x\u00d7]\s*|\s+/i);
+    if (parts.length > 1 && parts[parts.length - 1].trim() === "") parts.pop(); // (12,)
+    var dims = [];
+    for (var i = 0; i < parts.length; i++) {
+      var n = parseNumber(parts[i]);
+      if (!n.ok || !Number.isInteger(n.value) || n.value < 0) return fail("not a shape");
+      dims.push(n.value);
+    }
+    return dims.length ? { ok: true, value: dims } : fail("not a shape");
+  }
+
+  var READ_AS = {
+    number: "Can't read that as a number: write it like 0.25, 1,024, 1e6, 2**20 or 4 GiB.",
+    count: "Can't read that as a whole number: write it like 1,024, 1e6, 2**20 or 4 GiB.",
+    shape: "Can't read that as a shape: write it like (2, 8, 16).",
+  };
+
+  function right() {
+    return { state: "right", message: "\u2713 Right." };
+  }
+
+  function notYet(what) {
+    return { state: "wrong", message: "\u2717 Not yet: " + what };
+  }
+
+  function judge(spec, text) {
+    if (!READ_AS.hasOwnProperty(spec.kind)) throw new Error("unknown self-check kind " + spec.kind);
+    if (String(text).trim() === "") return { state: "empty", message: "Type an answer, then Check." };
+    if (spec.kind === "shape") {
+      var shape = parseShape(text);
+      if (!shape.ok) return { state: "unreadable", message: READ_AS.shape };
+      var want = spec.expected, got = shape.value;
+      if (got.length !== want.length) {
+        return notYet("the answer has " + (got.length < want.length ? "more" : "fewer") +
+                      " dimensions than yours.");
+      }
+      var off = [];
+      for (var i = 0; i < want.length; i++) if (got[i] !== want[i]) off.push("shape[" + i + "]");
+      if (!off.length) return right();
+      var which = off.length === 1 ? off[0] + " is" :
+        off.slice(0, -1).join(", ") + " and " + off[off.length - 1] + " are";
+      return notYet(which + " not right" + (off.length < want.length ? "; the rest are." : "."));
+    }
+    var n = parseNumber(text);
+    if (!n.ok) return { state: "unreadable", message: READ_AS[spec.kind] };
+    var high = n.value > spec.expected;
+    if (spec.kind === "count") {
+      if (!Number.isInteger(n.value)) return notYet("the answer is a whole number.");
+      return n.value === spec.expected ? right() : notYet(high ? "too high." : "too low.");
+    }
+    var rtol = spec.rtol === undefined || spec.rtol === null ? DEFAULT_RTOL : spec.rtol;
+    var tolerance = rtol * Math.abs(spec.expected) || rtol; // an expected 0: rtol as absolute
+    if (Math.abs(n.value - spec.expected) <= tolerance) return right();
+    return notYet(high ? "too high." : "too low.");
+  }
+
+  function readSpec(element) {
+    var kind = element.getAttribute("data-kind");
+    var rtol = element.getAttribute("data-rtol");
+    return {
+      kind: kind,
+      expected: JSON.parse(element.getAttribute("data-expected")),
+      rtol: rtol === null ? undefined : parseFloat(rtol),
+    };
+  }
+
+  function verdict(element, text) {
+    return judge(readSpec(element), text);
+  }
+
+  function wire(element) {
+    if (element.getAttribute("data-ready") === "true") return;
+    var input = element.querySelector("input");
+    var button = element.querySelector("button");
+    var out = element.querySelector('[role="status"]');
+    var spec = readSpec(element);
+    function check() {
+      var v = judge(spec, input.value);
+      out.textContent = v.message;
+      out.setAttribute("data-state", v.state);
+      element.setAttribute("data-state", v.state);
+      input.setAttribute("aria-invalid", v.state === "right" || v.state === "empty" ? "false" : "true");
+    }
+    function clear() {
+      out.textContent = "";
+      out.removeAttribute("data-state");
+      element.removeAttribute("data-state");
+      input.removeAttribute("aria-invalid");
+    }
+    button.addEventListener("click", check);
+    input.addEventListener("keydown", function (event) {
+      if (event.key === "Enter") {
+        event.preventDefault();
+        check();
+      }
+    });
+    input.addEventListener("input", clear);
+    button.disabled = false;
+    element.setAttribute("data-ready", "true");
+  }
+
+  function wireAll(root) {
+    var found = (root || document).querySelectorAll(".selfattn-selfcheck");
+    for (var i = 0; i < found.length; i++) wire(found[i]);
+    return found.length;
+  }
+
+  global.selfattnSelfCheck = {
+    parseNumber: parseNumber,
+    parseShape: parseShape,
+    judge: judge,
+    readSpec: readSpec,
+    verdict: verdict,
+    wireAll: wireAll,
+  };
+
+  if (typeof document !== "undefined") {
+    if (document.readyState === "loading") {
+      document.addEventListener("DOMContentLoaded", function () { wireAll(document); });
+    } else {
+      wireAll(document);
+    }
+  }
+})(typeof window !== "undefined" ? window : globalThis);

@@ -1,0 +1,184 @@
+"""Self-checks on the page: a question whose answer is a number, a count or a shape, checked in the
+reader's browser with no kernel.
+
+A chapter's exercise asks the reader to write an answer and call a checker from
+:mod:`selfattn.book.exercises`; in the static book there is no kernel to run it. So an exercise
+whose answer is a value also gets a self-check: a ``remove-input`` cell right after the exercise's
+text that calls :func:`self_check` with the question, at concrete sizes, and the expected value,
+computed by the build from the checker's own reference (:mod:`selfattn.book.exercises.recall`),
+never typed in. What the cell displays depends on where it runs:
+
+* in the book build (``SELFATTN_STATIC=1``, :data:`selfattn.book.viz.STATIC_ENV`): HTML with the
+  question, a text box, a Check button and a verdict line (``role="status"``); the expected value
+  and the kind sit in ``data-`` attributes, which the book's ``assets/selfcheck.js`` reads;
+* in a live kernel (Jupyter, Colab), where that script is not loaded: one line of plain text that
+  names the question and points to the checker cell below it, without the answer.
+
+The kinds, and what the page accepts (``assets/selfcheck.js``):
+
+* ``"number"``: a real number, right within a relative tolerance ``rtol`` (default
+  :data:`DEFAULT_RTOL`); the reader may type ``0.25``, ``1,024``, ``1_024``, ``1e6``, ``2**20``,
+  ``2^20``, a product such as ``4 * 2**30``, or bytes as ``4 GiB`` (KiB, MiB, GiB, TiB);
+* ``"count"``: a whole number, right only when equal, typed in any of the forms above;
+* ``"shape"``: a tuple of whole numbers, right only when equal: ``(2, 8, 16)``, ``2, 8, 16``,
+  ``[2, 8, 16]``, ``torch.Size([2, 8, 16])`` or ``2 x 8 x 16``.
+
+A wrong answer gets "not yet", with "too high" or "too low" for a number or a count, and for a
+shape whether the number of dimensions or which dimension differs; the answer itself stays behind
+a "show the answer" disclosure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass
+
+from .viz import STATIC_ENV
+
+KINDS = ("number", "count", "shape")
+DEFAULT_RTOL = 1e-6  # a number is right within this relative tolerance, unless rtol says otherwise
+MAX_EXACT = 2**53 - 1  # the largest whole number JavaScript holds exactly (Number.MAX_SAFE_INTEGER)
+_PLACEHOLDER = {"number": "a number, e.g. 0.5, 1e6 or 2**20",
+                "count": "a whole number, e.g. 1,024 or 2**10",
+                "shape": "a shape, e.g. (2, 8, 16)"}
+
+
+@dataclass(frozen=True, repr=False)
+class SelfCheck:
+    """A question and its expected value, displayed by Jupyter (see :func:`self_check`)."""
+
+    question: str
+    expected: float | int | tuple[int, ...]
+    kind: str
+    rtol: float | None  # for kind "number" only
+
+    def __repr__(self) -> str:  # never the answer: a printed object must not give it away
+        return f"SelfCheck({self.kind}: {self.question!r})"
+
+    def note(self) -> str:
+        """The one line shown in a live kernel: the question, and where to check it here."""
+        return (f"Self-check: {self.question} The book's web page checks an answer to this on "
+                "the page; here, run the checker cell below.")
+
+    def html(self) -> str:
+        """The widget of the static book: question, text box, Check button, verdict, answer."""
+        ident = "selfattn-selfcheck-" + hashlib.sha1(
+            f"{self.kind}|{self.question}|{_data(self)}".encode()).hexdigest()[:12]
+        attributes = f'data-kind="{self.kind}" data-expected="{html.escape(_data(self))}"'
+        if self.rtol is not None:
+            attributes += f' data-rtol="{self.rtol!r}"'
+        return (
+            f'<div class="selfattn-selfcheck" {attributes}>'
+            f'<label class="selfattn-selfcheck-question" for="{ident}">'
+            f'<span class="selfattn-selfcheck-label">Check yourself.</span> '
+            f"{_inline(self.question)}</label>"
+            '<div class="selfattn-selfcheck-row">'
+            f'<input id="{ident}" type="text" autocomplete="off" spellcheck="false" '
+            f'autocapitalize="off" placeholder="{_PLACEHOLDER[self.kind]}">'
+            '<button type="button" disabled>Check</button></div>'
+            '<p class="selfattn-selfcheck-verdict" role="status" aria-live="polite"></p>'
+            '<details class="selfattn-selfcheck-answer"><summary>Show the answer</summary>'
+            f"<code>{html.escape(_shown(self))}</code></details>"
+            "</div>")
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        """What Jupyter shows: the widget in the static book, the plain note in a live kernel."""
+        if os.environ.get(STATIC_ENV) == "1":
+            return {"text/html": self.html(), "text/plain": self.note()}
+        return {"text/plain": self.note()}
+
+
+def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = "number",
+               rtol: float | None = None) -> SelfCheck:
+    """A self-check for the page: ``question``, answered by ``expected``.
+
+    Args:
+        question: the question, with the concrete sizes it asks about (a formula's answer is asked
+            as its value at those sizes); text in backticks is shown as code.
+        expected: the answer, computed by the chapter, never typed: a real number for ``kind=
+            "number"``, an int for ``"count"``, a tuple (or ``torch.Size``) of ints for ``"shape"``.
+        kind: ``"number"`` (right within ``rtol``), ``"count"`` or ``"shape"`` (right when equal).
+        rtol: relative tolerance of a ``"number"`` (default :data:`DEFAULT_RTOL`); not taken by the
+            exact kinds.
+
+    Returns the :class:`SelfCheck` that Jupyter displays: the widget when ``SELFATTN_STATIC=1``
+    (the book build), a one-line note without the answer otherwise (a live kernel).
+
+    Raises ``TypeError`` for an argument of the wrong type and ``ValueError`` for a wrong value: an
+    empty question, an unknown kind, an expected value that is not finite, a count or a dimension
+    below zero or beyond what the page's JavaScript holds exactly, ``rtol`` outside [0, 1) or
+    given for an exact kind.
+    """
+    if not isinstance(question, str):
+        raise TypeError(f"question must be a str, got {type(question).__name__}")
+    question = " ".join(question.split())
+    if not question:
+        raise ValueError("question is empty: ask something, with the sizes it is about")
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, one of {KINDS}, got {type(kind).__name__}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "number":
+        if rtol is None:
+            rtol = DEFAULT_RTOL
+        if not isinstance(rtol, numbers.Real) or isinstance(rtol, bool):
+            raise TypeError(f"rtol must be a number, got {type(rtol).__name__}")
+        if not 0 <= rtol < 1:
+            raise ValueError(f"rtol must be in [0, 1), got {rtol!r}")
+        rtol = float(rtol)
+        if not isinstance(expected, numbers.Real) or isinstance(expected, bool):
+            raise TypeError(f"a number's expected value must be a real number, got {expected!r}")
+        if not math.isfinite(expected):
+            raise ValueError(f"a number's expected value must be finite, got {expected!r}")
+        expected = float(expected)
+    else:
+        if rtol is not None:
+            raise ValueError(f"rtol is for kind='number'; a {kind} is right only when equal")
+        if kind == "count":
+            expected = _whole(expected, "a count's expected value")
+        else:
+            if not isinstance(expected, (tuple, list)):
+                raise TypeError(f"a shape's expected value must be a tuple of ints, got {expected!r}")
+            if not expected:
+                raise ValueError("a shape's expected value needs at least one dimension")
+            expected = tuple(_whole(n, f"dimension {i} of the shape", minimum=0)
+                             for i, n in enumerate(expected))
+    return SelfCheck(question, expected, kind, rtol)
+
+
+def _whole(n: object, what: str, minimum: int | None = None) -> int:
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool):
+        raise TypeError(f"{what} must be an int, got {n!r}")
+    n = int(n)
+    if abs(n) > MAX_EXACT or (minimum is not None and n < minimum):
+        low = "0" if minimum is not None else f"-{MAX_EXACT:,}"
+        raise ValueError(f"{what} must be between {low} and {MAX_EXACT:,}, got {n:,}")
+    return n
+
+
+def _data(check: SelfCheck) -> str:
+    """The expected value as the page's script reads it (JSON)."""
+    value = list(check.expected) if check.kind == "shape" else check.expected
+    return json.dumps(value)
+
+
+def _shown(check: SelfCheck) -> str:
+    """The expected value as a reader would write it."""
+    if check.kind == "shape":
+        return "(" + ", ".join(str(n) for n in check.expected) + ")"
+    if check.kind == "count" or (float(check.expected).is_integer() and abs(check.expected) < 1e15):
+        return f"{int(check.expected):,}"
+    return repr(check.expected)  # every digit it takes to be exact, so rtol=0 accepts it too
+
+
+def _inline(text: str) -> str:
+    """Escaped text, with spans in backticks as code."""
+    parts = re.split(r"`([^`]+)`", text)
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p)
+                   for i, p in enumerate(parts))

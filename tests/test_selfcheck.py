@@ -1,0 +1,490 @@
+"""The on-page self-checks, without a built book: the HTML that `selfattn.book.selfcheck` writes,
+the note a live kernel shows instead (no answer in it), its argument checks, the chapters'
+self-check cells (where they sit, and that each expected value is one its exercise's checker
+accepts, from the functions in `exercises.recall`, never by running a notebook), and the page's
+script `assets/selfcheck.js` in Node: parsing what a reader types and the verdict.
+
+tests/test_selfcheck_browser.py checks the same widgets in the built book, in a browser.
+"""
+
+import ast
+import html.parser
+import inspect
+import json
+import math
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import selfattn
+from selfattn.book import exercises
+from selfattn.book.exercises import recall
+from selfattn.book.selfcheck import DEFAULT_RTOL, MAX_EXACT, self_check
+from selfattn.book.viz import STATIC_ENV
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+SCRIPT = ROOT / "assets" / "selfcheck.js"
+NODE = shutil.which("node")
+
+
+# --- the Python side: what the cell displays ---------------------------------------------------
+
+
+class _Widget(html.parser.HTMLParser):
+    """The tags of a self-check's HTML, with their attributes, and its text."""
+
+    def __init__(self, source):
+        super().__init__()
+        self.tags, self.text = [], []
+        self.feed(source)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def first(self, tag, **attrs):
+        return next(a for t, a in self.tags if t == tag and all(a.get(k) == v for k, v in attrs.items()))
+
+
+def bundle(check, static, monkeypatch):
+    if static:
+        monkeypatch.setenv(STATIC_ENV, "1")
+    else:
+        monkeypatch.delenv(STATIC_ENV, raising=False)
+    return check._repr_mimebundle_()
+
+
+@pytest.mark.parametrize("expected, kind, data", [
+    (4_294_967_296, "count", 4_294_967_296),
+    (25.0, "number", 25.0),
+    (0.125, "number", 0.125),
+    ((12, 5, 7), "shape", [12, 5, 7]),
+    (torch.Size([2, 12, 10, 64]), "shape", [2, 12, 10, 64]),
+])
+def test_static_html_carries_the_kind_and_the_expected_value(expected, kind, data, monkeypatch):
+    check = self_check("How many <bytes> does `x` take, at d = 64?", expected, kind=kind)
+    shown = bundle(check, static=True, monkeypatch=monkeypatch)
+    widget = _Widget(shown["text/html"])
+    box = widget.first("div", **{"class": "selfattn-selfcheck"})
+    assert box["data-kind"] == kind
+    assert json.loads(box["data-expected"]) == data
+    assert ("data-rtol" in box) == (kind == "number")
+    if kind == "number":
+        assert float(box["data-rtol"]) == DEFAULT_RTOL
+    field = widget.first("input")
+    assert field["type"] == "text"
+    assert widget.first("label")["for"] == field["id"]  # the question labels the text box
+    assert widget.first("button") is not None
+    assert widget.first("p", role="status") is not None
+    assert "<bytes>" not in shown["text/html"] and "&lt;bytes&gt;" in shown["text/html"]
+    assert "<code>x</code>" in shown["text/html"]  # backticks: code
+    assert "How many <bytes> does x take, at d = 64?" in "".join(widget.text)
+    assert shown["text/plain"] == check.note()  # a plain fallback, without the answer
+
+
+def test_a_number_keeps_its_own_tolerance(monkeypatch):
+    box = _Widget(self_check("q?", 2.5, rtol=0.01).html()).first("div")
+    assert float(box["data-rtol"]) == 0.01
+
+
+@pytest.mark.parametrize("expected, kind", [
+    (327_680, "count"), (25.0, "number"), (2.5, "number"), ((12, 5, 7), "shape"), (128, "count")])
+def test_a_live_kernel_gets_one_plain_line_without_the_answer(expected, kind, monkeypatch):
+    check = self_check("How much does a cache of 80 layers hold?", expected, kind=kind)
+    shown = bundle(check, static=False, monkeypatch=monkeypatch)
+    assert set(shown) == {"text/plain"}  # no HTML: the page's script is not loaded in a kernel
+    note = shown["text/plain"]
+    assert "\n" not in note and note.startswith("Self-check: How much does a cache of 80 layers hold?")
+    assert "checker cell below" in note
+    if kind == "shape":
+        forms = [str(expected), ", ".join(map(str, expected))]
+    else:
+        forms = [str(expected), repr(expected), f"{expected:,}", f"{expected:g}"]
+    for form in forms:
+        assert form not in note.removeprefix("Self-check: How much does a cache of 80 layers hold?")
+        assert form not in repr(check)  # printing the object gives nothing away either
+
+
+def test_the_question_is_one_line():
+    assert self_check("  How many\n  heads?  ", 3, kind="count").question == "How many heads?"
+
+
+@pytest.mark.parametrize("args, kwargs, error, words", [
+    ((None, 3), {"kind": "count"}, TypeError, "question must be a str"),
+    (("  \n", 3), {"kind": "count"}, ValueError, "question is empty"),
+    (("q?", 3), {"kind": "integer"}, ValueError, "kind must be one of"),
+    (("q?", 3), {"kind": 3}, TypeError, "kind must be a str"),
+    (("q?", "25"), {}, TypeError, "must be a real number"),
+    (("q?", True), {}, TypeError, "must be a real number"),
+    (("q?", float("nan")), {}, ValueError, "must be finite"),
+    (("q?", math.inf), {}, ValueError, "must be finite"),
+    (("q?", 2.5), {"rtol": -0.1}, ValueError, "rtol must be in [0, 1)"),
+    (("q?", 2.5), {"rtol": 1.0}, ValueError, "rtol must be in [0, 1)"),
+    (("q?", 2.5), {"rtol": "0.1"}, TypeError, "rtol must be a number"),
+    (("q?", 128.0), {"kind": "count"}, TypeError, "count's expected value must be an int"),
+    (("q?", 128), {"kind": "count", "rtol": 0.1}, ValueError, "rtol is for kind='number'"),
+    (("q?", 2**53), {"kind": "count"}, ValueError, "must be between"),
+    (("q?", [2, 3]), {"kind": "count"}, TypeError, "must be an int"),
+    (("q?", 12), {"kind": "shape"}, TypeError, "must be a tuple of ints"),
+    (("q?", ()), {"kind": "shape"}, ValueError, "at least one dimension"),
+    (("q?", (2, -1)), {"kind": "shape"}, ValueError, "dimension 1 of the shape"),
+    (("q?", (2, 3.0)), {"kind": "shape"}, TypeError, "dimension 1 of the shape must be an int"),
+    (("q?", (2, 3)), {"kind": "shape", "rtol": 0.0}, ValueError, "rtol is for kind='number'"),
+])
+def test_bad_arguments_raise_clearly(args, kwargs, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        self_check(*args, **kwargs)
+
+
+def test_the_largest_exact_count_is_accepted():
+    assert self_check("q?", MAX_EXACT, kind="count").expected == MAX_EXACT
+
+
+# --- the chapters: where the self-checks sit, and that each agrees with its checker ----------
+
+
+def cells(path):
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def is_self_check(cell):
+    return cell["cell_type"] == "code" and re.search(r"^self_check\(", source(cell), re.M)
+
+
+SELF_CHECKS = [(path.stem, i, source(c)) for path in CHAPTERS
+               for i, c in enumerate(cells(path)) if is_self_check(c)]
+
+
+def test_at_least_ten_self_checks_across_the_book():
+    assert len(SELF_CHECKS) >= 10, [(name, i) for name, i, _ in SELF_CHECKS]
+
+
+@pytest.mark.parametrize("name, index, text", SELF_CHECKS, ids=lambda x: str(x)[:20])
+def test_a_self_check_follows_its_exercise_and_shows_only_its_widget(name, index, text):
+    all_cells = cells(ROOT / "chapters" / f"{name}.ipynb")
+    cell = all_cells[index]
+    assert "remove-input" in cell["metadata"].get("tags", []), "the page shows the widget alone"
+    before = all_cells[index - 1]
+    assert before["cell_type"] == "markdown" and "**Exercise" in source(before), (
+        "a self-check goes right after its exercise's text")
+    after = [c for c in all_cells[index + 1:] if c["cell_type"] == "code"][:2]
+    assert any("selfattn.book.exercises.check_" in source(c) for c in after), (
+        "the exercise's answer cell and its checker follow the self-check")
+    assert "selfattn.book.exercises.check_" not in source(all_cells[index + 1])
+    for out in cell["outputs"]:  # the committed notebook ran live: the note, no HTML
+        assert set(out.get("data", {})) == {"text/plain"}, "commit the notebook executed live"
+        assert "".join(out["data"]["text/plain"]).startswith("Self-check:")
+
+
+def _givens(tree):
+    """The literal assignments of a cell (``L = S = 4096``, ``d, v = 100, 0.5``) as name -> value."""
+    known = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                known[target.id] = value
+            elif isinstance(target, ast.Tuple) and isinstance(value, tuple):
+                known.update({t.id: v for t, v in zip(target.elts, value, strict=True)})
+    return known
+
+
+def _expected_call(text):
+    """The self-check's expected value as (recall function's name, its arguments, the ``kind``):
+    read from the cell's code, the sizes resolved from its literal assignments."""
+    tree = ast.parse(text)
+    known = _givens(tree)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == "self_check")
+    expected = call.args[1]
+    if isinstance(expected, ast.Name):  # expected = recall....(...) earlier in the cell
+        expected = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id == expected.id for t in n.targets))
+    assert isinstance(expected, ast.Call) and isinstance(expected.func, ast.Attribute), (
+        "compute the expected value with a function of selfattn.book.exercises.recall")
+    assert isinstance(expected.func.value, ast.Name) and expected.func.value.id == "recall"
+
+    def value(node):
+        if isinstance(node, ast.Name):
+            return known[node.id]
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            return getattr(torch, node.attr)
+        return ast.literal_eval(node)
+
+    kind = next((ast.literal_eval(k.value) for k in call.keywords if k.arg == "kind"), "number")
+    return expected.func.attr, [value(a) for a in expected.args], kind
+
+
+_ITEMSIZE = {4: torch.float32, 2: torch.float16}  # bfloat16 takes the bytes of float16
+
+
+def _from_arange(shape):
+    return torch.arange(math.prod(shape)).reshape(shape)
+
+
+def agrees(function, value, args):
+    """Does the checker of the exercise whose self-check takes its expected value from
+    ``recall.<function>(*args)`` accept that value? A checker that takes a value gets it; one that
+    takes a function gets the recall function (or the library function the value is read from),
+    which it runs at its own sizes."""
+    ex = exercises
+    if function == "additive_parameters":
+        return ex.check_additive_parameters(recall.additive_parameters)
+    if function == "additive_pair_bytes":
+        return ex.check_additive_bytes(recall.additive_pair_bytes)
+    if function == "mha_parameters":
+        return ex.check_mha_parameters(recall.mha_parameters)
+    if function == "attention_flops":
+        return ex.check_attention_flops(recall.attention_flops)
+    if function == "kv_cache_bytes":
+        return ex.check_cache_bytes(lambda batch, n_kv, context, hd, itemsize: recall.kv_cache_bytes(
+            batch, n_kv, context, hd, _ITEMSIZE[itemsize]))
+    if function in ("dot_variance", "saturation_width", "gradient_crossover", "scores_bytes",
+                    "article_attention_shape", "model_cache_bytes"):
+        checker = {"dot_variance": ex.check_dot_variance,
+                   "saturation_width": ex.check_saturation_width,
+                   "gradient_crossover": ex.check_gradient_crossover,
+                   "scores_bytes": ex.check_scores_bytes,
+                   "article_attention_shape": ex.check_article_attention_shape,
+                   "model_cache_bytes": ex.check_model_cache_bytes}[function]
+        return checker(value)
+    if function == "repeat_kv_shape":  # the checker's reference is selfattn.repeat_kv
+        shape, g = args
+        return (ex.check_repeat_kv(selfattn.repeat_kv)
+                and value == tuple(selfattn.repeat_kv(torch.zeros(shape), g).shape))
+    if function == "merge_heads_entry":  # ... selfattn.merge_heads; and the bug gives another
+        shape, token, feature = args
+        B, H, T, hd = shape
+        bug = _from_arange(shape).reshape(B, T, H * hd)[0, token, feature]
+        return (ex.check_merge_heads(selfattn.merge_heads)
+                and value == int(selfattn.merge_heads(_from_arange(shape))[0, token, feature])
+                and value != int(bug))
+    if function == "causal_pairs":  # ... selfattn.causal_mask; the bug (diagonal=-1) another
+        (L,) = args
+        return (ex.check_causal_mask(selfattn.causal_mask)
+                and value == int(selfattn.causal_mask(L).sum())
+                and value != int(torch.ones(L, L).tril(diagonal=-1).sum()))
+    raise AssertionError(f"say in agrees() which checker recall.{function} agrees with")
+
+
+AGREES = ("additive_parameters", "additive_pair_bytes", "mha_parameters", "attention_flops",
+          "kv_cache_bytes", "dot_variance", "saturation_width", "gradient_crossover", "scores_bytes",
+          "article_attention_shape", "model_cache_bytes", "repeat_kv_shape", "merge_heads_entry",
+          "causal_pairs")
+
+
+@pytest.mark.parametrize("name, index, text", SELF_CHECKS, ids=lambda x: str(x)[:20])
+def test_each_expected_value_is_one_its_exercises_checker_accepts(name, index, text, capsys):
+    function, args, kind = _expected_call(text)
+    value = getattr(recall, function)(*args)
+    check = self_check("q?", value, kind=kind)  # the kind fits the value
+    assert agrees(function, check.expected, args) is True, capsys.readouterr().out
+
+
+def test_every_expected_value_function_is_paired_with_its_checker():
+    defined = {n for n, f in vars(recall).items() if callable(f) and not n.startswith(("_", "check_"))
+               and getattr(f, "__module__", "") == recall.__name__}
+    assert defined <= set(AGREES), defined - set(AGREES)
+    handled = inspect.getsource(agrees)
+    assert all(f'"{name}"' in handled for name in AGREES)
+
+
+# --- the page's script, in Node ----------------------------------------------------------------
+
+
+def in_node(expression, data=None):
+    """Load assets/selfcheck.js in a fresh Node ``vm`` context (no window, no document), then
+    evaluate ``expression`` there, with ``data`` as a global; its value, through JSON."""
+    if NODE is None:
+        pytest.skip("node is not on PATH: the page script's logic is not tested")
+    script = f"""
+const vm = require("vm"), fs = require("fs");
+const context = vm.createContext({{}});
+vm.runInContext(fs.readFileSync({json.dumps(str(SCRIPT))}, "utf8"), context, {{filename: "selfcheck.js"}});
+context.data = JSON.parse(fs.readFileSync(0, "utf8"));
+process.stdout.write(JSON.stringify(vm.runInContext({json.dumps(expression)}, context)));
+"""
+    done = subprocess.run([NODE, "-e", script], input=json.dumps(data), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_script_loads_without_a_dom_and_offers_its_test_entry():
+    names = in_node("Object.keys(selfattnSelfCheck).sort()")
+    assert {"parseNumber", "parseShape", "judge", "readSpec", "verdict", "wireAll"} <= set(names)
+
+
+def test_the_script_and_the_module_share_the_default_tolerance():
+    found = re.search(r"var DEFAULT_RTOL = ([0-9.e+-]+);", SCRIPT.read_text())
+    assert found and float(found.group(1)) == DEFAULT_RTOL
+
+
+NUMBERS = {
+    "1024": 1024, "1,024": 1024, "1_024": 1024, "1 024": 1024, "1,048,576": 2**20,
+    "1e6": 1e6, "1E6": 1e6, "2.5e-3": 0.0025, "2**20": 2**20, "2 ** 20": 2**20, "2^20": 2**20,
+    "4 * 2**30": 4 * 2**30, "4*2^30": 4 * 2**30, "4 × 2**30": 4 * 2**30, "32*8192*8192*4": 32 * 8192**2 * 4,
+    "4 GiB": 4 * 2**30, "4GiB": 4 * 2**30, "320 KiB": 320 * 1024, "16 MiB": 2**24, "1 TiB": 2**40,
+    "16777216 bytes": 16777216, "0.25": 0.25, ".5": 0.5, "-2**2": -4, "2**3**2": 512,
+    "(3 + 1) / 2": 2, "100 * 0.5 * 0.5": 25, "−3": -3, " 25 ": 25,
+}
+NOT_NUMBERS = ["", "abc", "1,5", "12,34", "1 2", "3e", "2(3)", "(2", "2)", "1/0", "4 GB", "2 **",
+               "1,0245", "five", "0x10"]
+
+
+def test_typed_numbers_parse():
+    got = in_node("data.map(t => selfattnSelfCheck.parseNumber(t))", list(NUMBERS))
+    for text, result in zip(NUMBERS, got, strict=True):
+        assert result["ok"] and result["value"] == pytest.approx(NUMBERS[text], rel=1e-12), text
+
+
+def test_what_is_not_a_number_does_not_parse():
+    got = in_node("data.map(t => selfattnSelfCheck.parseNumber(t).ok)", NOT_NUMBERS)
+    assert not any(got), [t for t, ok in zip(NOT_NUMBERS, got, strict=True) if ok]
+
+
+SHAPES = {
+    "(12, 5, 7)": [12, 5, 7], "12, 5, 7": [12, 5, 7], "[12,5,7]": [12, 5, 7],
+    "torch.Size([12, 5, 7])": [12, 5, 7], "12 x 5 x 7": [12, 5, 7], "12×5×7": [12, 5, 7],
+    "(3 * 4, 5, 7)": [12, 5, 7], "(12,)": [12], "12": [12], "(2, 12, 10, 64)": [2, 12, 10, 64],
+}
+NOT_SHAPES = ["", "()", "(1.5, 2)", "(2, -1)", "(2,, 3)", "shape", "(2, 3"]
+
+
+def test_typed_shapes_parse_and_others_do_not():
+    got = in_node("data.map(t => selfattnSelfCheck.parseShape(t))", list(SHAPES) + NOT_SHAPES)
+    for text, result in zip(SHAPES, got, strict=False):
+        assert result == {"ok": True, "value": SHAPES[text]}, text
+    assert not any(r["ok"] for r in got[len(SHAPES):]), got[len(SHAPES):]
+
+
+VERDICTS = [  # spec, typed, state, words in the message
+    ({"kind": "count", "expected": 240}, "240", "right", "Right"),
+    ({"kind": "count", "expected": 240}, "2.4e2", "right", "Right"),
+    ({"kind": "count", "expected": 240}, "241", "wrong", "too high"),
+    ({"kind": "count", "expected": 240}, "239", "wrong", "too low"),
+    ({"kind": "count", "expected": 240}, "240.5", "wrong", "whole number"),
+    ({"kind": "count", "expected": 240}, "many", "unreadable", "Can't read"),
+    ({"kind": "count", "expected": 240}, "   ", "empty", "Type an answer"),
+    ({"kind": "count", "expected": 8589934592}, "8 GiB", "right", "Right"),
+    ({"kind": "count", "expected": 8589934592}, "32 * 8192**2 * 4", "right", "Right"),
+    ({"kind": "count", "expected": 8589934592}, "8,589,934,592", "right", "Right"),
+    ({"kind": "count", "expected": 8589934592}, "4 GiB", "wrong", "too low"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25", "right", "Right"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.00001", "right", "Right"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.001", "wrong", "too high"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "24.999", "wrong", "too low"),
+    ({"kind": "number", "expected": 25.0}, "100*0.5^2", "right", "Right"),  # the default rtol
+    ({"kind": "number", "expected": 25.0, "rtol": 0.06}, "24", "right", "Right"),
+    ({"kind": "number", "expected": 0.0, "rtol": 1e-6}, "0", "right", "Right"),
+    ({"kind": "number", "expected": 0.0, "rtol": 1e-6}, "-0.1", "wrong", "too low"),
+    ({"kind": "number", "expected": -2.0, "rtol": 1e-6}, "-1", "wrong", "too high"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(12, 5, 7)", "right", "Right"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "12, 5, 7", "right", "Right"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(3, 4, 5, 7)", "wrong", "fewer dimensions"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(60, 7)", "wrong", "more dimensions"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(12, 7, 5)", "wrong",
+     "shape[1] and shape[2] are not right; the rest are"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(13, 5, 7)", "wrong", "shape[0] is not right"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "(1, 2, 3)", "wrong",
+     "shape[0], shape[1] and shape[2] are not right."),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "twelve", "unreadable", "Can't read"),
+]
+
+
+def test_the_verdicts_say_right_or_what_is_off_without_the_answer():
+    got = in_node("data.map(([spec, text]) => selfattnSelfCheck.judge(spec, text))",
+                  [[spec, text] for spec, text, _, _ in VERDICTS])
+    for (spec, text, state, words), verdict in zip(VERDICTS, got, strict=True):
+        assert verdict["state"] == state, (spec, text, verdict)
+        assert words in verdict["message"], (spec, text, verdict)
+        if state != "right":
+            expected = spec["expected"]
+            forms = ([", ".join(map(str, expected))] if spec["kind"] == "shape"
+                     else [str(expected), f"{expected:,}", f"{expected:g}"])
+            assert not any(f in verdict["message"] for f in forms), (spec, text, verdict)
+
+
+def test_an_unknown_kind_is_an_error_not_a_verdict():
+    assert in_node("""(() => { try { selfattnSelfCheck.judge({kind: "tuple", expected: 1}, "1");
+                      return "no error"; } catch (e) { return e.message; } })()""") == (
+        "unknown self-check kind tuple")
+
+
+def _attributes(check):
+    box = _Widget(check.html()).first("div", **{"class": "selfattn-selfcheck"})
+    return {k: v for k, v in box.items() if k.startswith("data-")}
+
+
+def test_the_script_reads_what_the_module_writes_and_accepts_the_shown_answer():
+    """From self_check's HTML to the script's verdict: the data attributes, read by readSpec from
+    a fake element, and the answer as the disclosure shows it."""
+    checks = [self_check("q?", 4_294_967_296, kind="count"), self_check("q?", 25.0),
+              self_check("q?", 2.5, rtol=0.01), self_check("q?", (12, 5, 7), kind="shape"),
+              self_check("q?", 1 / 3)]
+    cases = []
+    for check in checks:
+        shown = re.search(r"<code>([^<]*)</code></details>", check.html()).group(1)
+        cases.append([_attributes(check), shown])
+    got = in_node("""data.map(([attributes, shown]) => {
+        const element = {getAttribute: name => name in attributes ? attributes[name] : null};
+        const spec = selfattnSelfCheck.readSpec(element);
+        return [spec, selfattnSelfCheck.verdict(element, shown).state];
+    })""", cases)
+    for check, (spec, state) in zip(checks, got, strict=True):
+        assert spec["kind"] == check.kind
+        assert spec["expected"] == (list(check.expected) if check.kind == "shape" else check.expected)
+        assert spec.get("rtol") == check.rtol
+        assert state == "right", (check, spec)
+
+
+def test_wiring_checks_on_the_button_and_on_enter_and_clears_on_typing():
+    """wireAll on a minimal fake DOM: the button is enabled, a click and Enter write the verdict
+    and its state, typing clears it, and a second wireAll adds no second listener."""
+    attributes = _attributes(self_check("q?", 21, kind="count"))
+    result = in_node("""(() => {
+        function node() {
+            return {attrs: {}, listeners: {}, textContent: "", value: "", disabled: true,
+                    setAttribute(k, v) { this.attrs[k] = String(v); },
+                    getAttribute(k) { return k in this.attrs ? this.attrs[k] : null; },
+                    removeAttribute(k) { delete this.attrs[k]; },
+                    addEventListener(type, f) {
+                        (this.listeners[type] = this.listeners[type] || []).push(f); },
+                    fire(type, event) { (this.listeners[type] || []).forEach(f => f(event || {})); }};
+        }
+        const box = node(), input = node(), button = node(), status = node();
+        Object.assign(box.attrs, data);
+        box.querySelector = s => s === "input" ? input : s === "button" ? button : status;
+        const root = {querySelectorAll: () => [box]};
+        const wired = [selfattnSelfCheck.wireAll(root), selfattnSelfCheck.wireAll(root)];
+        const seen = {wired: wired, enabled: !button.disabled, clicks: button.listeners.click.length};
+        input.value = "22"; button.fire("click");
+        seen.afterClick = [status.textContent, status.getAttribute("data-state"),
+                           input.getAttribute("aria-invalid")];
+        input.value = "21"; let prevented = false;
+        input.fire("keydown", {key: "Enter", preventDefault() { prevented = true; }});
+        seen.afterEnter = [status.textContent, box.getAttribute("data-state"), prevented];
+        input.fire("input");
+        seen.afterTyping = [status.textContent, status.getAttribute("data-state")];
+        return seen;
+    })()""", attributes)
+    assert result["wired"] == [1, 1] and result["enabled"] and result["clicks"] == 1
+    assert result["afterClick"][1:] == ["wrong", "true"] and "too high" in result["afterClick"][0]
+    assert result["afterEnter"][1:] == ["right", True] and "Right" in result["afterEnter"][0]
+    assert result["afterTyping"] == ["", None]

@@ -1,0 +1,149 @@
+"""The self-checks in the built book, in a browser with no kernel (tests/test_browser.py's
+server, browser and page loading).
+
+On every page, every self-check (src/selfattn/book/selfcheck.py, wired by assets/selfcheck.js):
+the script has wired it; a wrong answer gets "not yet" and what is off, without the answer; the
+expected value, read from its data attribute and typed as a reader would (Enter checks too), gets
+"right"; no JavaScript error. Each chapter page has as many self-checks as its notebook has
+self-check cells, and the book at least ten. One self-check per page is read in the light and the
+dark theme: its text keeps a readable contrast against its background in both, and its colours
+follow the theme. One is screenshotted in each theme into _build/screenshots/.
+"""
+
+import json
+import re
+
+import pytest
+import test_browser
+from test_browser import KNOWN_THEME_MESSAGES, ROOT, SHOTS, open_page, pages
+
+pytestmark = pytest.mark.built_book
+server = test_browser.server  # its fixtures: the built book served on 127.0.0.1, headless Chromium
+browser = test_browser.browser
+FOUND: dict[str, int] = {}  # page -> self-checks on it
+SHOT: list[str] = []  # the page whose self-check was screenshotted
+MIN_CONTRAST = 4.5  # WCAG AA for body text
+
+
+def typed(kind, expected):
+    """The expected value, typed as a reader would."""
+    if kind == "shape":
+        return "(" + ", ".join(str(n) for n in expected) + ")"
+    if kind == "count":
+        return f"{expected:,}"
+    return repr(expected)
+
+
+def wrong(kind, expected):
+    """A wrong answer, and what the verdict should say about it."""
+    if kind == "shape":
+        return "(" + ", ".join(str(n + (i == 0)) for i, n in enumerate(expected)) + ")", "shape[0]"
+    if kind == "count":
+        return str(expected + 1), "too high"
+    return repr(expected * 2 + 1 if expected >= 0 else expected * 2 - 1), (
+        "too high" if expected >= 0 else "too low")
+
+
+# The contrast of each part's text against the colour behind it (the first ancestor with an
+# opaque background), by the WCAG formula; and the box's own background and text colours.
+CONTRAST = r"""(box) => {
+    function rgba(text) {
+        const srgb = text.startsWith("color(srgb");
+        const v = (text.match(/[\d.]+/g) || []).map(Number);
+        const rgb = v.slice(0, 3).map(x => srgb ? x * 255 : x);
+        return rgb.concat([v.length > 3 ? v[3] : 1]);
+    }
+    function behind(el) {
+        for (; el; el = el.parentElement) {
+            const c = rgba(getComputedStyle(el).backgroundColor);
+            if (c[3] > 0.5) return c;
+        }
+        return [255, 255, 255, 1];
+    }
+    function luminance(c) {
+        const f = x => { x /= 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); };
+        return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
+    }
+    function contrast(el) {
+        const a = luminance(rgba(getComputedStyle(el).color)), b = luminance(behind(el));
+        return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    }
+    const parts = {
+        question: box.querySelector(".selfattn-selfcheck-question"),
+        input: box.querySelector("input"),
+        button: box.querySelector("button"),
+        verdict: box.querySelector('[role="status"]'),
+        answer: box.querySelector(".selfattn-selfcheck-answer summary"),
+    };
+    const out = {background: getComputedStyle(box).backgroundColor, color: getComputedStyle(box).color};
+    for (const [name, el] of Object.entries(parts)) out[name] = contrast(el);
+    return out;
+}"""
+
+
+def legibility(box, theme):
+    box.page.evaluate("(t) => { document.documentElement.dataset.theme = t; }", theme)
+    box.page.wait_for_timeout(300)
+    seen = box.evaluate(CONTRAST)
+    low = {part: round(c, 2) for part, c in seen.items()
+           if part not in ("background", "color") and c < MIN_CONTRAST}
+    assert low == {}, f"{theme} theme: contrast under {MIN_CONTRAST}"
+    return seen
+
+
+@pytest.mark.parametrize("name", pages())
+def test_every_self_check_gives_its_verdict_in_the_page(browser, server, name):
+    page, log = open_page(browser, server, name)
+    boxes = page.locator(".selfattn-selfcheck")
+    FOUND[name] = boxes.count()
+    if name.startswith("chapters/"):
+        nb = json.loads((ROOT / f"{name}.ipynb").read_text(encoding="utf-8"))
+        cells = sum(c["cell_type"] == "code" and bool(re.search(r"^self_check\(", "".join(c["source"]), re.M))
+                    for c in nb["cells"])
+        assert FOUND[name] == cells, f"{cells} self-check cells in the notebook, {FOUND[name]} on the page"
+    for i in range(FOUND[name]):
+        box = boxes.nth(i)
+        box.scroll_into_view_if_needed()
+        assert box.get_attribute("data-ready") == "true", "selfcheck.js did not wire this self-check"
+        kind, expected = box.get_attribute("data-kind"), json.loads(box.get_attribute("data-expected"))
+        field, button, status = box.locator("input"), box.locator("button"), box.locator('[role="status"]')
+        assert button.is_enabled()
+
+        answer, hint = wrong(kind, expected)
+        field.fill(answer)
+        button.click()
+        message = status.inner_text()
+        assert status.get_attribute("data-state") == "wrong", f"{answer!r}: {message!r}"
+        assert "Not yet" in message and hint in message, f"{answer!r}: {message!r}"
+        assert typed(kind, expected) not in message and str(expected) not in message, message
+
+        field.fill(typed(kind, expected))
+        field.press("Enter")
+        message = status.inner_text()
+        assert status.get_attribute("data-state") == "right", f"{typed(kind, expected)!r}: {message!r}"
+        assert "Right" in message
+
+    if FOUND[name]:
+        box = boxes.first
+        light = legibility(box, "light")
+        if not SHOT:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            box.screenshot(path=str(SHOTS / "selfcheck_light.png"))
+        dark = legibility(box, "dark")
+        assert (dark["background"], dark["color"]) != (light["background"], light["color"]), (
+            "the self-check keeps its light colours in the dark theme")
+        if not SHOT:
+            box.screenshot(path=str(SHOTS / "selfcheck_dark.png"))
+            SHOT.append(name)
+
+    errors = [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES]
+    assert errors == [], "JavaScript errors in the console"
+    page.close()
+
+
+def test_the_book_has_at_least_ten_self_checks():
+    # runs after the page tests above (pytest keeps file order): they counted them
+    assert sorted(FOUND) == sorted(pages()), "every page visited"
+    print("self-checks per page:", {n: k for n, k in FOUND.items() if k}, "screenshot of", SHOT)
+    assert sum(FOUND.values()) >= 10
+    assert SHOT, "no self-check was screenshotted"
