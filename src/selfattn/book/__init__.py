@@ -3,18 +3,19 @@
 * :mod:`.data`, :mod:`.models`, :mod:`.train`: the synthetic tagging tasks, the small taggers and
   their training over seeds;
 * :mod:`.viz`, :mod:`.diagrams`: heatmaps and explorers, and the schematic figures;
+* :mod:`.live`: live explorers for the static page (a model's forward pass in JavaScript);
 * :mod:`.measure`, :mod:`.baselines`, :mod:`.bench`: timing, memory and FLOPs, what the library is
   measured against, and ``make bench``;
 * :mod:`.pretrained`: all-MiniLM-L6-v2 rebuilt from the library (chapter 10);
-* :mod:`.exercises`: the chapters' self-checks.
+* :mod:`.exercises`: the chapters' checkers; :mod:`.selfcheck`: the page's self-checks.
 
 Each submodule loads on first use (``selfattn.book.viz``), so ``import selfattn.book`` stays cheap.
 """
 
 import importlib
 
-_SUBMODULES = ("baselines", "bench", "data", "diagrams", "exercises", "measure", "models",
-               "pretrained", "train", "viz")
+_SUBMODULES = ("baselines", "bench", "data", "diagrams", "exercises", "live", "measure", "models",
+               "pretrained", "selfcheck", "train", "viz")
 
 __all__ = list(_SUBMODULES)
 

@@ -1,0 +1,374 @@
+/* Live explorers: a sentence typed in the page, its attention computed here, in the browser.
+ *
+ * The book build writes each explorer's spec into the page (selfattn.book.live: the trained
+ * weights as float32 base64, the vocabulary, the tags), inside
+ *   <div class="selfattn-live"><script type="application/json" class="selfattn-live-spec">
+ * This script finds those, runs the same forward pass as PyTorch on the typed words, and draws
+ * the heatmap in the book's colours (YlGnBu, 0 to 1; masked cells hatched grey), in the light
+ * and the dark theme. A classic script with no dependency: it works from file:// too.
+ *
+ * Test entry (tests/test_live.py compares it with PyTorch):
+ *   await selfattnLive.explorers[name].attention(text, {model, temperature, mask})
+ *   -> {tokens: [...], weights: [[[[...]]]] (layer, head, query, key), logits?: [[...]]}
+ */
+(function (root) {
+  "use strict";
+
+  // ---- the forward passes, on Float32Arrays (no DOM) -------------------------------------------
+
+  function decode(entry) {
+    const bytes = Uint8Array.from(atob(entry.data), (c) => c.charCodeAt(0));
+    return { shape: entry.shape, data: new Float32Array(bytes.buffer) };
+  }
+
+  // the weights of a spec (or of one of its models), decoded once
+  const decoded = new WeakMap();
+  function weightsOf(holder) {
+    if (!decoded.has(holder))
+      decoded.set(holder, Object.fromEntries(Object.entries(holder.weights).map(([k, v]) => [k, decode(v)])));
+    return decoded.get(holder);
+  }
+
+  // y (T, out) = x (T, in) W^T + b, with W stored (out, in) as nn.Linear keeps it
+  function linear(x, T, W, b) {
+    const [out, inn] = W.shape;
+    const y = new Float32Array(T * out);
+    for (let t = 0; t < T; t++) {
+      for (let o = 0; o < out; o++) {
+        let s = b ? b.data[o] : 0;
+        for (let i = 0; i < inn; i++) s += x[t * inn + i] * W.data[o * inn + i];
+        y[t * out + o] = s;
+      }
+    }
+    return y;
+  }
+
+  // a row of scores -> softmax over the keys that are not masked (null: masked)
+  function softmax(row) {
+    let max = -Infinity;
+    for (const s of row) if (s !== null && s > max) max = s;
+    const e = row.map((s) => (s === null ? 0 : Math.exp(s - max)));
+    const sum = e.reduce((a, b) => a + b, 0);
+    return e.map((v) => v / sum);
+  }
+
+  // chapter 2: one head over a fixed embedding, softmax(q k^T / (tau sqrt(d_k)))
+  function attentionForward(spec, ids, options) {
+    const w = weightsOf(spec);
+    const [, dm] = w.embedding.shape;
+    const dk = w.W_q.shape[1];
+    const T = ids.length;
+    const project = (W) => {
+      const y = new Float32Array(T * dk);
+      for (let t = 0; t < T; t++)
+        for (let j = 0; j < dk; j++) {
+          let s = 0;
+          for (let i = 0; i < dm; i++) s += w.embedding.data[ids[t] * dm + i] * W.data[i * dk + j];
+          y[t * dk + j] = s;
+        }
+      return y;
+    };
+    const q = project(w.W_q), k = project(w.W_k);
+    const scale = 1 / ((options.temperature || 1) * Math.sqrt(dk));
+    const causal = options.mask === "causal";
+    const rows = [];
+    for (let i = 0; i < T; i++) {
+      const scores = [];
+      for (let j = 0; j < T; j++) {
+        if (causal && j > i) { scores.push(null); continue; }
+        let s = 0;
+        for (let c = 0; c < dk; c++) s += q[i * dk + c] * k[j * dk + c];
+        scores.push(s * scale);
+      }
+      rows.push(softmax(scores));
+    }
+    return { weights: [[rows]], masked: causal ? (i, j) => j > i : null };
+  }
+
+  // chapters 1 and 5: selfattn.book.models.AttentionTagger
+  function taggerForward(model, ids) {
+    const c = model.config, W = weightsOf(model), T = ids.length, d = c.d;
+    if (T > c.max_len) throw new Error(`at most ${c.max_len} tokens`);
+    const x = new Float32Array(T * d);
+    for (let t = 0; t < T; t++)
+      for (let i = 0; i < d; i++) x[t * d + i] = W["embed.weight"].data[ids[t] * d + i];
+    if (c.positions === "sinusoidal") { // sin on even features, cos on odd (positional.py)
+      for (let t = 0; t < T; t++)
+        for (let i = 0; i < d; i += 2) {
+          const angle = Math.fround(t * Math.fround(Math.pow(10000, -i / d))); // float32, as torch
+          x[t * d + i] += Math.fround(Math.sin(angle));
+          x[t * d + i + 1] += Math.fround(Math.cos(angle));
+        }
+    } else if (c.positions === "learned") {
+      const table = W["learned.table.weight"].data;
+      for (let t = 0; t < T; t++) for (let i = 0; i < d; i++) x[t * d + i] += table[t * d + i];
+    }
+    const H = c.n_heads, G = c.n_kv_heads, hd = c.head_dim;
+    const q = linear(x, T, W["attn.q_proj.weight"], W["attn.q_proj.bias"]); // (T, H hd)
+    const k = linear(x, T, W["attn.k_proj.weight"], W["attn.k_proj.bias"]); // (T, G hd)
+    const v = linear(x, T, W["attn.v_proj.weight"], W["attn.v_proj.bias"]); // (T, G hd)
+    if (c.positions === "rope") { // rotate each pair (2i, 2i+1) of every head by t theta_i
+      for (const [y, n] of [[q, H], [k, G]])
+        for (let t = 0; t < T; t++)
+          for (let h = 0; h < n; h++)
+            for (let i = 0; i < hd; i += 2) {
+              const angle = Math.fround(t * Math.fround(Math.pow(10000, -i / hd)));
+              const cos = Math.fround(Math.cos(angle)), sin = Math.fround(Math.sin(angle));
+              const at = t * n * hd + h * hd + i, x1 = y[at], x2 = y[at + 1];
+              y[at] = x1 * cos - x2 * sin;
+              y[at + 1] = x1 * sin + x2 * cos;
+            }
+    }
+    const slopes = c.positions === "alibi" ? W.alibi_slopes.data : null;
+    const masked = c.causal ? (i, j) => j > i : null;
+    const weights = [], mixed = new Float32Array(T * H * hd);
+    for (let h = 0; h < H; h++) {
+      const g = Math.floor(h / (H / G)); // the key/value head this query head reads
+      const rows = [];
+      for (let i = 0; i < T; i++) {
+        const scores = [];
+        for (let j = 0; j < T; j++) {
+          if (masked && masked(i, j)) { scores.push(null); continue; }
+          let s = 0;
+          for (let e = 0; e < hd; e++) s += q[i * H * hd + h * hd + e] * k[j * G * hd + g * hd + e];
+          s /= Math.sqrt(hd);
+          if (slopes) s -= slopes[h] * Math.abs(i - j);
+          scores.push(s);
+        }
+        const p = softmax(scores);
+        rows.push(p);
+        for (let j = 0; j < T; j++)
+          for (let e = 0; e < hd; e++) mixed[i * H * hd + h * hd + e] += p[j] * v[j * G * hd + g * hd + e];
+      }
+      weights.push(rows);
+    }
+    const a = linear(mixed, T, W["attn.out_proj.weight"], W["attn.out_proj.bias"]); // (T, d)
+    for (let i = 0; i < T * d; i++) a[i] += x[i]; // the residual
+    const hidden = linear(a, T, W["mlp.0.weight"], W["mlp.0.bias"]).map((z) => Math.max(z, 0));
+    const logits = linear(hidden, T, W["mlp.2.weight"], W["mlp.2.bias"]);
+    const C = c.n_tags, rows = [];
+    for (let t = 0; t < T; t++) rows.push(Array.from(logits.slice(t * C, (t + 1) * C)));
+    return { weights: [weights], logits: rows, masked };
+  }
+
+  // the task's own rule, to say where the model agrees (selfattn.book.data)
+  function ruleTags(rule, words) {
+    const cue = (w) => (/^c\d+$/.test(w) ? Number(w.slice(1)) : 0);
+    if (rule === "latest_cue") { // every token: the latest cue at or before it
+      let last = 0;
+      return words.map((w) => (last = cue(w) || last) ? `c${last}` : "no cue yet");
+    }
+    return words.map((w, t) => { // 'saw': the nearest cue before it
+      if (w !== "saw") return null;
+      for (let j = t - 1; j >= 0; j--) if (cue(words[j])) return `sense ${cue(words[j])}`;
+      return "no cue before it";
+    });
+  }
+
+  function tokenize(spec, text) {
+    const words = text.toLowerCase().split(/\s+/).filter(Boolean);
+    if (!words.length) throw new InputError("Type a sentence first.");
+    if (words.length > spec.max_tokens)
+      throw new InputError(`That is ${words.length} words; this view takes at most ${spec.max_tokens}.`);
+    const ids = [];
+    for (const w of words) {
+      const i = spec.words.indexOf(w);
+      if (i < 0) {
+        const known = spec.words.filter((x) => x !== null);
+        const list = known.length > 16 ? `${known.slice(0, 16).join(" ")} …` : known.join(" ");
+        throw new InputError(`The word “${w}” is not in this model's vocabulary. It knows: ${list}`);
+      }
+      ids.push(i);
+    }
+    return { words, ids };
+  }
+
+  class InputError extends Error {}
+
+  function compute(spec, text, options) {
+    const { words, ids } = tokenize(spec, text);
+    if (spec.kind === "attention") return { tokens: words, ...attentionForward(spec, ids, options) };
+    const name = options.model || Object.keys(spec.models)[0];
+    const out = taggerForward(spec.models[name], ids);
+    const predicted = out.logits.map((row) => spec.tags[row.indexOf(Math.max(...row))]);
+    return { tokens: words, ...out, predicted, rule: ruleTags(spec.rule, words) };
+  }
+
+  // ---- drawing -------------------------------------------------------------------------------
+
+  function drawHeatmap(canvas, rows, labels, masked, colors, title) {
+    const T = labels.length, dpr = root.devicePixelRatio || 1;
+    const text = getComputedStyle(canvas).color; // the theme's text colour (live.css), resolved
+    const font = '11px system-ui, -apple-system, "Segoe UI", sans-serif';
+    const ctx0 = canvas.getContext("2d");
+    ctx0.font = font;
+    const labelW = Math.ceil(Math.max(...labels.map((l) => ctx0.measureText(l).width))) + 8;
+    const avail = Math.max(240, (canvas.parentElement.clientWidth || 640) - labelW - 90);
+    const cell = Math.max(8, Math.min(34, Math.floor(avail / T)));
+    const left = labelW + 18, top = 26, size = cell * T;
+    const width = left + size + 70, height = top + size + labelW + 22;
+    canvas.width = width * dpr; canvas.height = height * dpr;
+    canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.scale(dpr, dpr);
+    ctx.font = font;
+    ctx.fillStyle = text;
+    ctx.textBaseline = "middle";
+    ctx.fillText(title, left, 12);
+    for (let i = 0; i < T; i++)
+      for (let j = 0; j < T; j++) {
+        const x = left + j * cell, y = top + i * cell;
+        if (masked && masked(i, j)) { // hatched grey: masked, not "weight 0"
+          ctx.fillStyle = "#dddddd"; ctx.fillRect(x, y, cell, cell);
+          ctx.strokeStyle = "#999999"; ctx.beginPath();
+          ctx.moveTo(x, y + cell); ctx.lineTo(x + cell, y); ctx.stroke();
+          continue;
+        }
+        const w = rows[i][j];
+        ctx.fillStyle = colors[Math.min(255, Math.max(0, Math.round(w * 255)))];
+        ctx.fillRect(x, y, cell, cell);
+        if (T <= 12 && cell >= 28) {
+          ctx.fillStyle = w > 0.5 ? "#ffffff" : "#222222";
+          ctx.textAlign = "center";
+          ctx.fillText(w.toFixed(2), x + cell / 2, y + cell / 2);
+          ctx.textAlign = "left";
+        }
+      }
+    ctx.fillStyle = text;
+    ctx.textAlign = "right";
+    labels.forEach((l, i) => ctx.fillText(l, left - 4, top + i * cell + cell / 2));
+    labels.forEach((l, j) => { // key labels, turned
+      ctx.save();
+      ctx.translate(left + j * cell + cell / 2, top + size + 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(l, 0, 0);
+      ctx.restore();
+    });
+    ctx.textAlign = "center";
+    ctx.fillText("key (attended to)", left + size / 2, top + size + labelW + 12);
+    ctx.save();
+    ctx.translate(10, top + size / 2);
+    ctx.rotate(-Math.PI / 2);
+    ctx.fillText("query (attending)", 0, 0);
+    ctx.restore();
+    const bx = left + size + 16; // the colour bar, 0 at the bottom
+    for (let y = 0; y < size; y++) {
+      ctx.fillStyle = colors[Math.round(255 * (1 - y / Math.max(1, size - 1)))];
+      ctx.fillRect(bx, top + y, 12, 1);
+    }
+    ctx.fillStyle = text;
+    ctx.textAlign = "left";
+    ctx.fillText("1", bx + 16, top + 4);
+    ctx.fillText("0", bx + 16, top + size - 4);
+    ctx.fillText("weight", bx + 16, top + size / 2);
+  }
+
+  // ---- the explorer --------------------------------------------------------------------------
+
+  function element(tag, props, children) {
+    const e = Object.assign(document.createElement(tag), props || {});
+    for (const c of children || []) e.append(c);
+    return e;
+  }
+
+  function select(label, values, format) {
+    const s = element("select", {}, values.map((v) => element("option", { value: String(v), textContent: format ? format(v) : String(v) })));
+    return [s, element("label", {}, [label + " ", s])];
+  }
+
+  function mount(div) {
+    const spec = JSON.parse(div.querySelector("script.selfattn-live-spec").textContent);
+    const input = element("input", { type: "text", value: spec.sentences[0], spellcheck: false, className: "selfattn-live-text" });
+    input.setAttribute("aria-label", "sentence");
+    const controls = [element("label", {}, ["sentence ", input])];
+    const state = {};
+    let headSelect = null;
+    if (spec.kind === "attention") {
+      const [t, tl] = select("temperature", spec.temperatures);
+      t.value = String(spec.temperatures.includes(1) ? 1 : spec.temperatures[0]);
+      const [m, ml] = select("mask", spec.masks);
+      state.temperature = t; state.mask = m;
+      controls.push(tl, ml);
+    } else {
+      const names = Object.keys(spec.models);
+      if (names.length > 1) {
+        const [m, ml] = select("model", names);
+        state.model = m; controls.push(ml);
+      }
+      const H = spec.models[names[0]].config.n_heads;
+      const [h, hl] = select("head", [...Array(H).keys()]);
+      headSelect = h; controls.push(hl);
+    }
+    const examples = element("div", { className: "selfattn-live-examples" }, ["try: "]);
+    spec.sentences.forEach((s) => {
+      const b = element("button", { type: "button", textContent: s });
+      b.addEventListener("click", () => { input.value = s; redraw(); });
+      examples.append(b, " ");
+    });
+    const message = element("p", { className: "selfattn-live-message", role: "status" });
+    const canvas = element("canvas", { className: "selfattn-live-canvas" });
+    canvas.setAttribute("role", "img");
+    const caption = element("p", { className: "selfattn-live-caption" });
+    div.querySelector(".selfattn-live-fallback")?.remove(); // the spec's script stays
+    div.append(element("div", { className: "selfattn-live-controls" }, controls), examples, message, canvas, caption);
+
+    const options = () => Object.fromEntries(Object.entries(state).map(([k, s]) => [k, k === "temperature" ? Number(s.value) : s.value]));
+    function redraw() {
+      let out;
+      try {
+        out = compute(spec, input.value, options());
+      } catch (e) {
+        if (!(e instanceof InputError)) throw e;
+        message.textContent = e.message;
+        canvas.hidden = true; caption.textContent = "";
+        return;
+      }
+      message.textContent = "";
+      canvas.hidden = false;
+      const head = headSelect ? Number(headSelect.value) : 0;
+      const rows = out.weights[0][head];
+      const o = options();
+      const title = spec.kind === "attention"
+        ? `temperature ${o.temperature}, ${o.mask === "none" ? "no" : o.mask} mask`
+        : `${o.model ? o.model + ", " : ""}head ${head}`;
+      drawHeatmap(canvas, rows, out.tokens, out.masked, spec.colors, title);
+      canvas.setAttribute("aria-label", `attention weights, ${title}: ${out.tokens.join(" ")}`);
+      caption.textContent = spec.kind === "attention" ? entropyCaption(rows) : tagCaption(out);
+    }
+    function entropyCaption(rows) {
+      const H = rows.map((r) => -r.reduce((a, p) => a + (p > 0 ? p * Math.log(p) : 0), 0));
+      const mean = H.reduce((a, b) => a + b, 0) / H.length;
+      return `mean row entropy ${mean.toFixed(2)} nats (uniform: ${Math.log(rows.length).toFixed(2)})`;
+    }
+    function tagCaption(out) {
+      const pairs = out.rule.map((want, t) => [t, want]).filter(([, want]) => want !== null);
+      const agree = pairs.filter(([t, want]) => out.predicted[t] === want).length;
+      if (spec.rule === "cue_before_saw") {
+        if (!pairs.length) return "No “saw” in this sentence: type one to see its tag.";
+        return pairs.map(([t, want]) => `“saw” at ${t}: the model says ${out.predicted[t]}, the rule ${want}`).join("; ");
+      }
+      return `the model's tag (the latest cue) agrees with the rule on ${agree} of ${pairs.length} tokens; ` +
+        `last token: ${out.predicted[out.predicted.length - 1]}`;
+    }
+    input.addEventListener("input", redraw);
+    for (const s of [...Object.values(state), headSelect]) if (s) s.addEventListener("change", redraw);
+    new MutationObserver(redraw).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+    redraw();
+    api.explorers[spec.name] = {
+      spec,
+      // the test entry: tokens and weights (layer, head, query, key), as PyTorch would give
+      attention: async (text, opts) => {
+        const out = compute(spec, text, opts || {});
+        return { tokens: out.tokens, weights: out.weights, logits: out.logits || null };
+      },
+    };
+  }
+
+  const api = { explorers: {}, compute, tokenize, InputError };
+  root.selfattnLive = api;
+  if (typeof document !== "undefined") {
+    const start = () => document.querySelectorAll("div.selfattn-live").forEach(mount);
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+    else start();
+  }
+})(typeof window !== "undefined" ? window : globalThis);

@@ -1,0 +1,150 @@
+"""The live explorers in the built book, in a browser with no kernel (tests/test_browser.py's
+server, browser and page loading).
+
+For every live explorer on every page (selfattn.book.live, run by assets/live/live.js): the page's
+test entry, ``selfattnLive.explorers[name].attention(text, options)``, gives the weights (and a
+tagger's logits) that PyTorch computes from the spec's weights, on sentences this test makes up
+(seeded, of several lengths, longer than the examples too) and for every model, temperature
+and mask the explorer offers; typing a sentence redraws the heatmap; a word outside the
+vocabulary gets a message naming it and no heatmap; the dark theme redraws the labels in the
+theme's text colour; no JavaScript error and no request off the machine. It also opens one page
+from file://, where the explorer must work as well (its weights are in the page). Light and dark
+screenshots of each explorer go to _build/screenshots/.
+"""
+
+import json
+import random
+
+import pytest
+import test_browser
+import torch
+from test_browser import HTML, KNOWN_THEME_MESSAGES, SHOTS, open_page, pages
+
+from selfattn.book import live
+
+pytestmark = pytest.mark.built_book
+server = test_browser.server  # its fixtures: the built book on 127.0.0.1, headless Chromium
+browser = test_browser.browser
+LIVE_CHAPTERS = {"chapters/01_sequence_labeling", "chapters/02_self_attention",
+                 "chapters/05_positional_encoding"}  # at least these have a live explorer
+TOLERANCE = 1e-5  # float32 rounding: JavaScript sums in float64 and stores float32
+
+
+def sentences(spec, n=6, seed=0):
+    """Sentences of the spec's own words, of lengths from 1 to its limit."""
+    rng = random.Random(seed)
+    words = [w for w in spec["words"] if w is not None]
+    lengths = [1, 2, 5, 11, spec["max_tokens"] // 2, spec["max_tokens"]][:n]
+    return [" ".join(rng.choice(words) for _ in range(k)) for k in lengths]
+
+
+def option_sets(spec):
+    if spec["kind"] == "attention":
+        return [{"temperature": t, "mask": m} for t in spec["temperatures"] for m in spec["masks"]]
+    return [{"model": name} for name in spec["models"]]
+
+
+def background_brightness(page, name):
+    """How bright the page is behind the explorer: the first opaque background up its parents."""
+    return page.evaluate("""(name) => {
+        let e = document.querySelector(`div.selfattn-live[data-live="${name}"]`);
+        for (; e; e = e.parentElement) {
+            const v = (getComputedStyle(e).backgroundColor.match(/[\\d.]+/g) || []).map(Number);
+            if (v.length === 3 || v[3] > 0.5) return (v[0] + v[1] + v[2]) / 3;
+        }
+        return 255;
+    }""", name)
+
+
+def label_brightness(page, name):
+    """How bright the heatmap's title is drawn (0 black .. 255 white): the mean of the opaque
+    pixels in the canvas's top rows, where only the title is."""
+    return page.evaluate("""(name) => {
+        const c = document.querySelector(`div.selfattn-live[data-live="${name}"] canvas`);
+        const ctx = c.getContext("2d");
+        const data = ctx.getImageData(0, 0, c.width, Math.round(20 * devicePixelRatio)).data;
+        let sum = 0, n = 0;
+        for (let i = 0; i < data.length; i += 4)
+            if (data[i + 3] > 200) { sum += (data[i] + data[i + 1] + data[i + 2]) / 3; n++; }
+        return n > 20 ? sum / n : null;
+    }""", name)
+
+
+@pytest.mark.parametrize("name", pages())
+def test_live_explorers_compute_what_pytorch_computes(browser, server, name):
+    page, log = open_page(browser, server, name)
+    specs = [json.loads(t) for t in page.locator("script.selfattn-live-spec").all_text_contents()]
+    in_file = (HTML / f"{name}.html").read_text().count('class="selfattn-live-spec"')
+    assert len(specs) == in_file, f"{in_file} live explorers in the page, {len(specs)} found"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        root = page.locator(f'div.selfattn-live[data-live="{spec["name"]}"]')
+        assert root.locator("canvas").count() == 1, f"{spec['name']}: live.js did not mount it"
+        worst = 0.0
+        for options in option_sets(spec):
+            for text in [*spec["sentences"], *sentences(spec)]:
+                got = page.evaluate("([n, t, o]) => selfattnLive.explorers[n].attention(t, o)",
+                                    [spec["name"], text, options])
+                want = live.forward(spec, text, **options)
+                assert got["tokens"] == text.lower().split()
+                w = torch.tensor(got["weights"][0], dtype=torch.float32)  # (H, T, T)
+                worst = max(worst, (w - want["weights"]).abs().max().item())
+                torch.testing.assert_close(w, want["weights"], rtol=0, atol=TOLERANCE,
+                                           msg=f"{spec['name']} {options}: {text}")
+                if "logits" in want:
+                    torch.testing.assert_close(torch.tensor(got["logits"], dtype=torch.float32),
+                                               want["logits"], rtol=1e-5, atol=1e-4)
+        print(f"{name}: {spec['name']}, largest difference from PyTorch {worst:.1e}")
+
+        # the reader's side: type, mistype, switch the theme
+        text_box = root.locator("input.selfattn-live-text")
+        text_box.fill(spec["sentences"][-1])
+        assert root.locator("canvas").is_visible()
+        root.screenshot(path=str(SHOTS / f"live-{spec['name']}-light.png"))
+        light = label_brightness(page, spec["name"])
+        page.evaluate("document.documentElement.dataset.theme = 'dark'")
+        page.wait_for_timeout(200)
+        root.screenshot(path=str(SHOTS / f"live-{spec['name']}-dark.png"))
+        dark = label_brightness(page, spec["name"])
+        behind = background_brightness(page, spec["name"])
+        assert light is not None and light < 100, light  # dark text on the light page ...
+        assert dark is not None and dark > 150, dark  # ... and light text on the dark one,
+        assert behind < 100, behind  # on the dark page, not on a light card
+        for part in ("label", ".selfattn-live-caption"):  # the words around it, light too
+            colour = root.locator(part).first.evaluate("e => getComputedStyle(e).color")
+            assert sum(map(float, colour[4:-1].split(",")[:3])) / 3 > 150, (part, colour)
+        page.evaluate("document.documentElement.dataset.theme = 'light'")
+        known = spec["sentences"][0].split()
+        text_box.fill(" ".join([known[0], "zebra", *known[1:]]))
+        message = root.locator(".selfattn-live-message").inner_text()
+        assert "“zebra”" in message and "vocabulary" in message, message
+        assert not root.locator("canvas").is_visible()
+        text_box.fill(" ".join([known[0]] * (spec["max_tokens"] + 1)))
+        assert f"at most {spec['max_tokens']}" in root.locator(".selfattn-live-message").inner_text()
+        text_box.fill(spec["sentences"][0])
+        assert root.locator("canvas").is_visible()
+        assert root.locator(".selfattn-live-message").inner_text() == ""
+    assert log["offhost"] == []
+    assert [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES] == []
+    page.close()
+
+
+def test_the_chapters_with_small_models_have_a_live_explorer():
+    have = {name for name in pages()
+            if 'class="selfattn-live-spec"' in (HTML / f"{name}.html").read_text()}
+    assert LIVE_CHAPTERS <= have, f"no live explorer on {sorted(LIVE_CHAPTERS - have)}"
+
+
+def test_a_live_explorer_works_from_a_file_url(browser):
+    """The built book opened from disk, as the Makefile prints it: no server, no fetch."""
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((HTML / "chapters" / "02_self_attention.html").as_uri())
+    page.wait_for_timeout(500)
+    root = page.locator("div.selfattn-live").first
+    assert root.locator("canvas").is_visible()
+    root.locator("input.selfattn-live-text").fill("i saw a cat")
+    assert root.locator(".selfattn-live-caption").inner_text().startswith("mean row entropy")
+    assert [e for e in errors if e not in KNOWN_THEME_MESSAGES] == []
+    page.close()
