@@ -72,10 +72,13 @@ browser:
 # tests/colab_harness.py; see tools/colab_env.py), while jupyter-book renders the pages: the
 # widgets are all that environment changes, so that run loads what the first one trained
 # (SELFATTN_TRAIN_CACHE, see selfattn.book.train; cleared at the start) instead of training it
-# again. The tests that read the built book and the harness's report run last.
+# again. The browser tests of the pages' own scripts follow the rendering; the tests that read
+# the harness's report run last.
 # (a code line that starts with `explorer(`; \x28 is the bracket, which make would read)
 EXPLORER_CHAPTERS = $(shell grep -lP '^ *"explorer\x28' chapters/*.ipynb)
 TRAIN_CACHE := $(CURDIR)/_build/.train-cache
+# the built book's tests that need nothing from the Colab run: they run as soon as it is built
+PAGE_SCRIPT_TESTS = tests/test_live_browser.py tests/test_selfcheck_browser.py
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	@rm -rf $(TRAIN_CACHE); log=$$(mktemp); \
 	(OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) $(MAKE) --no-print-directory executed \
@@ -83,12 +86,13 @@ test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
 	wait $$executed; ran=$$?; cat $$log; \
 	if [ $$ran -ne 0 ]; then echo "a chapter failed (exit $$ran)"; exit $$ran; fi; \
-	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1) & book=$$!; \
+	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1 && \
+		$(PY) -m pytest $(PAGE_SCRIPT_TESTS) >> $$log 2>&1) & book=$$!; \
 	OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) \
 		$(PY) tools/colab_env.py pytest --nbval-lax $(EXPLORER_CHAPTERS); chapters=$$?; \
 	wait $$book; built=$$?; cat $$log; rm -f $$log; \
-	if [ $$built -ne 0 ]; then echo "make book failed (exit $$built)"; exit $$built; fi; \
-	$(PY) -m pytest -m built_book tests; late=$$?; \
+	if [ $$built -ne 0 ]; then echo "make book or its page-script tests failed"; exit $$built; fi; \
+	$(PY) -m pytest -m built_book $(PAGE_SCRIPT_TESTS:%=--ignore=%) tests; late=$$?; \
 	[ $$unit -eq 0 ] && [ $$chapters -eq 0 ] && [ $$late -eq 0 ]
 
 # ruff over everything; mypy over the attention library (selfattn, not selfattn.book: see
