@@ -38,7 +38,19 @@ $(VENDOR): package.json package-lock.json Makefile
 	cp -r node_modules/mathjax/es5/output/chtml _vendor/mathjax/output/
 	cp node_modules/requirejs/require.js node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js \
 		node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} _vendor/widgets/
+	# chapter 10's live MiniLM: onnxruntime-web's single-threaded wasm build, and its licence
+	mkdir -p _vendor/ort
+	cp node_modules/onnxruntime-web/dist/{ort.wasm.min.mjs,ort-wasm-simd-threaded.mjs,ort-wasm-simd-threaded.wasm} _vendor/ort/
+	cp tools/licenses/onnxruntime-web.txt _vendor/ort/LICENSE
 	touch $@
+
+# Chapter 10's model for the live page, exported from the installed weights (never committed)
+# and checked against PyTorch (tools/export_minilm.py), with its licence and notice beside it.
+MINILM := _vendor/minilm/minilm-attention-fp16.onnx
+$(MINILM): $(STAMP) $(VENDOR) tools/export_minilm.py
+	OMP_NUM_THREADS=1 $(PY) tools/export_minilm.py $(@D)
+	cp tools/licenses/Apache-2.0.txt $(@D)/LICENSE
+	cp tools/licenses/all-MiniLM-L6-v2-NOTICE.txt $(@D)/NOTICE
 
 # The Chinese terms' font: Noto Sans SC from npm, cut to the characters the pages use (a few
 # tens of KB), so they render on machines without a CJK font. Rebuilt when a page changes.
@@ -48,7 +60,7 @@ $(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipy
 
 # The chapters run two at a time into the build's notebook cache (tools/execute_book.py), then
 # jupyter-book renders them from it; a chapter whose code did not change is not run again.
-executed: $(STAMP) $(VENDOR) $(CJK_FONT)
+executed: $(STAMP) $(VENDOR) $(CJK_FONT) $(MINILM)
 	@hash=$$($(PY) tools/srchash.py); \
 	if [ "$$(cat _build/.src-hash 2>/dev/null)" != "$$hash" ]; then \
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \

@@ -91,8 +91,11 @@ def open_page(browser, server, name, width=1280):
             r.abort()
 
     page.route("**/*", route)
-    page.on("response", lambda r: log.__setitem__("bytes", log["bytes"] + len(r.body() or b""))
-            if r.url.startswith(server) and r.status < 300 else None)
+    # bytes as the server sent them (its Content-Length: reading a large body back, such as
+    # chapter 10's model, fails once the browser evicts it)
+    page.on("response", lambda r: log.__setitem__(
+        "bytes", log["bytes"] + int(r.headers.get("content-length") or 0))
+        if r.url.startswith(server) and r.status < 300 else None)
     page.goto(f"{server}/{name}.html", wait_until="networkidle")
     page.wait_for_timeout(500)  # let the widget manager finish rendering
     page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")

@@ -14,6 +14,7 @@ screenshots of each explorer go to _build/screenshots/.
 
 import json
 import random
+import time
 
 import pytest
 import test_browser
@@ -153,4 +154,98 @@ def test_a_live_explorer_works_from_a_file_url(browser):
     root.locator("input.selfattn-live-text").fill("i saw a cat")
     assert root.locator(".selfattn-live-caption").inner_text().startswith("mean row entropy")
     assert [e for e in errors if e not in KNOWN_THEME_MESSAGES] == []
+    page.close()
+
+
+MINILM_PAGE = "chapters/10_pretrained_model"
+MINILM_TOLERANCE = 2e-3  # float16 weights (tools/export_minilm.py); measured about 1e-3
+MINILM_SENTENCES = [  # the test's own: punctuation, an accent, a made-up word, a longer one
+    "Don't panic: the café's zxqvw is closed!",
+    "A head that attends to the previous token sees the word before it.",
+    "Bank, bank, river bank; she banked on the bank's rates rising in 2027.",
+]
+TYPED = "the quick brown fox jumps over the lazy dog, then sleeps all day"  # 16 word pieces
+
+
+def test_minilm_runs_live_behind_a_button_and_equals_pytorch(browser, server):
+    from selfattn.book import pretrained
+
+    page, log = open_page(browser, server, MINILM_PAGE)
+    spec = json.loads(page.locator('div.selfattn-live[data-live="ch10-minilm"] '
+                                   "script.selfattn-live-spec").text_content())
+    fetched = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
+    assert not [u for u in fetched if "/minilm/" in u or "/ort/" in u], "fetched before asked"
+    root = page.locator('div.selfattn-live[data-live="ch10-minilm"]')
+    button = root.locator("button.selfattn-live-load")
+    total = sum(spec["bytes"].values())
+    assert f"downloads {total / 1e6:.1f} MB" in button.inner_text()
+    before = log["bytes"]
+    start = time.perf_counter()
+    button.click()
+    page.wait_for_function("selfattnLive.explorers['ch10-minilm'].loaded", timeout=180_000)
+    loaded_in = time.perf_counter() - start
+    downloaded = log["bytes"] - before
+    assert downloaded >= spec["bytes"]["model"], "the model came from this host"
+
+    model = pretrained.load()
+    worst = 0.0
+    for sentence in MINILM_SENTENCES:
+        got = page.evaluate("t => selfattnLive.explorers['ch10-minilm'].attention(t)", sentence)
+        enc = model.encode(sentence)
+        assert got["tokens"] == enc.tokens[0], sentence  # the JavaScript tokenizer agrees
+        want = enc.attentions[:, 0]  # (L, H, T, T)
+        diff = (torch.tensor(got["weights"]) - want).abs().max().item()
+        worst = max(worst, diff)
+        assert diff <= MINILM_TOLERANCE, f"{sentence}: {diff:.2e}"
+
+    # typing: one key at a time, never blocking the page; the per-keystroke time is a figure
+    text_box = root.locator("input.selfattn-live-text")
+    text_box.fill("")
+    page.evaluate("selfattnLive.explorers['ch10-minilm'].timings.length = 0")
+    text_box.press_sequentially(TYPED, delay=60)
+    page.wait_for_function("document.querySelector('div.selfattn-live[data-live=\"ch10-minilm\"] "
+                           ".selfattn-live-caption').textContent.startsWith('16 word pieces')",
+                           timeout=30_000)
+    timings = page.evaluate("selfattnLive.explorers['ch10-minilm'].timings")
+    at16 = [t for t in timings if t["pieces"] == 16]
+    assert timings and at16, timings
+    median = sorted(t["inference_ms"] for t in at16)[len(at16) // 2]
+    total_median = sorted(t["total_ms"] for t in at16)[len(at16) // 2]
+    print(f"\n{MINILM_PAGE}: page {before / 1e6:.2f} MB before the button; button fetched "
+          f"{downloaded / 1e6:.1f} MB, ready in {loaded_in:.1f} s (localhost); largest difference "
+          f"from PyTorch {worst:.1e} on {len(MINILM_SENTENCES)} sentences; {len(timings)} runs "
+          f"for {len(TYPED)} keys; at 16 word pieces (benchmark, not asserted): inference "
+          f"median {median:.1f} ms, keystroke to drawn median {total_median:.1f} ms")
+
+    thumbs = root.locator("canvas.selfattn-live-thumb")
+    assert thumbs.count() == spec["layers"] * spec["heads"]
+    thumbs.nth(2 * spec["heads"] + 5).click()  # layer 2, head 5
+    assert root.locator("select").nth(0).input_value() == "2"
+    assert root.locator("select").nth(1).input_value() == "5"
+    page.set_viewport_size({"width": 1280, "height": 2400})  # the whole explorer in view
+    page.evaluate("window.scrollTo(0, 0)")
+    root.screenshot(path=str(SHOTS / "live-ch10-minilm-light.png"))
+    page.evaluate("document.documentElement.dataset.theme = 'dark'")
+    page.wait_for_timeout(200)
+    root.screenshot(path=str(SHOTS / "live-ch10-minilm-dark.png"))
+    assert label_brightness(page, "ch10-minilm") > 150
+    assert log["offhost"] == []
+    assert [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES] == []
+    page.close()
+
+
+def test_the_runtime_and_the_model_are_served_with_their_licences():
+    static = HTML / "_static"
+    for folder, needs in [("ort", "MIT License"), ("minilm", "Apache License")]:
+        assert needs in (static / folder / "LICENSE").read_text(), folder
+    assert "Apache License, Version 2.0" in (static / "minilm" / "NOTICE").read_text()
+
+
+def test_minilm_says_how_to_serve_the_book_from_a_file_url(browser):
+    page = browser.new_page()
+    page.goto((HTML / f"{MINILM_PAGE}.html").as_uri())
+    page.wait_for_timeout(300)
+    root = page.locator('div.selfattn-live[data-live="ch10-minilm"]')
+    assert "http.server" in root.inner_text()
+    assert root.locator("button.selfattn-live-load").count() == 0
     page.close()

@@ -13,6 +13,9 @@
  */
 (function (root) {
   "use strict";
+  // _static/, where the book serves this script, the runtime and the model (live.js sits in live/)
+  const STATIC = typeof document !== "undefined" && document.currentScript
+    ? new URL("../", document.currentScript.src).href : "";
 
   // ---- the forward passes, on Float32Arrays (no DOM) -------------------------------------------
 
@@ -278,6 +281,7 @@
 
   function mount(div) {
     const spec = JSON.parse(div.querySelector("script.selfattn-live-spec").textContent);
+    if (spec.kind === "minilm") return mountMiniLM(div, spec);
     const input = element("input", { type: "text", value: spec.sentences[0], spellcheck: false, className: "selfattn-live-text" });
     input.setAttribute("aria-label", "sentence");
     const controls = [element("label", {}, ["sentence ", input])];
@@ -362,6 +366,187 @@
         return { tokens: out.tokens, weights: out.weights, logits: out.logits || null };
       },
     };
+  }
+
+  // ---- chapter 10: MiniLM through onnxruntime-web, in a worker, behind a download button ------
+
+  function loadScript(src) {
+    return new Promise((resolve, reject) => {
+      const s = Object.assign(document.createElement("script"), { src });
+      s.onload = resolve;
+      s.onerror = () => reject(new Error(`could not load ${src}`));
+      document.head.append(s);
+    });
+  }
+
+  // the weights (layer, head, query, key) of one head as a small picture: one pixel a cell
+  function drawThumbnail(canvas, data, T, layer, head, H, colors) {
+    canvas.width = T; canvas.height = T;
+    const ctx = canvas.getContext("2d"), image = ctx.createImageData(T, T);
+    const base = (layer * H + head) * T * T;
+    for (let i = 0; i < T * T; i++) {
+      const c = colors[Math.min(255, Math.max(0, Math.round(data[base + i] * 255)))];
+      image.data[4 * i] = parseInt(c.slice(1, 3), 16);
+      image.data[4 * i + 1] = parseInt(c.slice(3, 5), 16);
+      image.data[4 * i + 2] = parseInt(c.slice(5, 7), 16);
+      image.data[4 * i + 3] = 255;
+    }
+    ctx.putImageData(image, 0, 0);
+  }
+
+  function mountMiniLM(div, spec) {
+    const url = (path) => new URL(path, STATIC).href;
+    const mb = (bytes) => (bytes / 1e6).toFixed(1);
+    const total = spec.bytes.model + spec.bytes.runtime + spec.bytes.vocab;
+    const intro = element("p", { className: "selfattn-live-intro" });
+    const explorer = {
+      spec, timings: [], ready: null, loaded: false,
+      load: () => { throw new Error("live MiniLM needs the book served over http"); },
+      attention: async () => { throw new Error("press the download button first"); },
+    };
+    api.explorers[spec.name] = explorer;
+    div.querySelector(".selfattn-live-fallback")?.remove();
+    if (location.protocol === "file:") {
+      intro.textContent = "To run MiniLM live in this page, serve the book instead of opening the file: " +
+        "python3 -m http.server --directory _build/html, then open http://localhost:8000. " +
+        "The precomputed explorer below works here.";
+      div.append(intro);
+      return;
+    }
+    const button = element("button", { type: "button", className: "selfattn-live-load",
+      textContent: `Compute MiniLM's attention live in this page (downloads ${mb(total)} MB once)` });
+    intro.textContent = `The model (${mb(spec.bytes.model)} MB, float16 weights), the runtime ` +
+      `(onnxruntime-web, ${mb(spec.bytes.runtime)} MB) and the vocabulary (${mb(spec.bytes.vocab)} MB) ` +
+      "come from this site only when you press the button; your browser keeps them afterwards.";
+    const progress = element("p", { className: "selfattn-live-message", role: "status" });
+    div.append(intro, button, progress);
+
+    explorer.load = () => {
+      if (explorer.ready) return explorer.ready;
+      button.disabled = true;
+      explorer.ready = (async () => {
+        const [, vocab] = await Promise.all([
+          loadScript(url(spec.tokenizer)),
+          fetch(url(spec.vocab)).then((r) => r.text()),
+        ]);
+        const tokenizer = root.SelfattnWordPiece.fromVocab(vocab);
+        const worker = new Worker(url(spec.worker), { type: "module" });
+        const waiting = new Map();
+        let nextId = 0;
+        await new Promise((resolve, reject) => {
+          worker.onmessage = ({ data }) => {
+            if (data.type === "progress")
+              progress.textContent = `downloading the model: ${mb(data.loaded)} of ${mb(data.total || spec.bytes.model)} MB`;
+            else if (data.type === "ready") { progress.textContent = ""; resolve(); }
+            else if (data.type === "error") reject(new Error(data.message));
+            else if (data.type === "result") { waiting.get(data.id)(data); waiting.delete(data.id); }
+          };
+          worker.postMessage({ type: "load", ort: url(spec.ort), wasmPaths: url(spec.wasm), model: url(spec.model) });
+        });
+        const run = (ids) => new Promise((resolve) => {
+          const id = nextId++;
+          waiting.set(id, resolve);
+          worker.postMessage({ type: "run", id, ids });
+        });
+        explorer.attention = async (text) => {
+          const { ids, tokens } = tokenizer.encode(text);
+          const r = await run(ids);
+          const { T, L, H } = { T: r.T, L: spec.layers, H: spec.heads };
+          const weights = [];
+          for (let l = 0; l < L; l++) {
+            const heads = [];
+            for (let h = 0; h < H; h++) {
+              const rows = [];
+              for (let i = 0; i < T; i++) rows.push(Array.from(r.attentions.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)));
+              heads.push(rows);
+            }
+            weights.push(heads);
+          }
+          return { tokens, ids, weights, ms: r.ms };
+        };
+        button.remove();
+        intro.remove();
+        progress.remove();
+        buildViewer(tokenizer, run);
+        explorer.loaded = true;
+      })().catch((e) => { progress.textContent = `MiniLM could not start: ${e.message}`; throw e; });
+      return explorer.ready;
+    };
+    button.addEventListener("click", () => explorer.load().catch(() => {}));
+
+    function buildViewer(tokenizer, run) {
+      const L = spec.layers, H = spec.heads;
+      const input = element("input", { type: "text", value: spec.sentences[0], spellcheck: false, className: "selfattn-live-text" });
+      input.setAttribute("aria-label", "sentence");
+      const [layer, ll] = select("layer", [...Array(L).keys()]);
+      const [head, hl] = select("head", [...Array(H).keys()]);
+      const message = element("p", { className: "selfattn-live-message", role: "status" });
+      const canvas = element("canvas", { className: "selfattn-live-canvas" });
+      canvas.setAttribute("role", "img");
+      const caption = element("p", { className: "selfattn-live-caption" });
+      const grid = element("div", { className: "selfattn-live-grid" });
+      grid.style.gridTemplateColumns = `auto repeat(${H}, 1fr)`;
+      const thumbs = [];
+      grid.append(element("span"));
+      for (let h = 0; h < H; h++) grid.append(element("span", { className: "selfattn-live-gridlabel", textContent: `h${h}` }));
+      for (let l = 0; l < L; l++) {
+        grid.append(element("span", { className: "selfattn-live-gridlabel", textContent: `layer ${l}` }));
+        for (let h = 0; h < H; h++) {
+          const t = element("canvas", { className: "selfattn-live-thumb", title: `layer ${l}, head ${h}` });
+          t.addEventListener("click", () => { layer.value = String(l); head.value = String(h); draw(); });
+          grid.append(t);
+          thumbs.push([t, l, h]);
+        }
+      }
+      const examples = element("div", { className: "selfattn-live-examples" }, ["try: "]);
+      spec.sentences.forEach((s) => {
+        const b = element("button", { type: "button", textContent: s });
+        b.addEventListener("click", () => { input.value = s; typed(); });
+        examples.append(b, " ");
+      });
+      div.append(element("div", { className: "selfattn-live-controls" }, [element("label", {}, ["sentence ", input]), ll, hl]),
+        examples, message, canvas, caption,
+        element("p", { className: "selfattn-live-caption", textContent: "All 72 heads (click one to show it above):" }), grid);
+
+      let last = null, busy = false, pending = null;
+      function draw() {
+        if (!last) return;
+        const { data, T, tokens, ms } = last, l = Number(layer.value), h = Number(head.value);
+        const rows = [];
+        for (let i = 0; i < T; i++) rows.push(Array.from(data.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)));
+        drawHeatmap(canvas, rows, tokens, null, spec.colors, `layer ${l}, head ${h}`);
+        canvas.setAttribute("aria-label", `MiniLM attention, layer ${l}, head ${h}: ${tokens.join(" ")}`);
+        for (const [t, tl, th] of thumbs) {
+          drawThumbnail(t, data, T, tl, th, H, spec.colors);
+          t.classList.toggle("selected", tl === l && th === h);
+        }
+        caption.textContent = `${T} word pieces; the model took ${ms.toFixed(1)} ms in this browser`;
+      }
+      async function typed() {
+        const started = performance.now();
+        const text = input.value;
+        if (!text.trim()) { message.textContent = "Type a sentence first."; return; }
+        const { ids, tokens } = tokenizer.encode(text);
+        if (ids.length > spec.max_pieces) {
+          message.textContent = `That is ${ids.length} word pieces; this view takes at most ${spec.max_pieces}.`;
+          return;
+        }
+        message.textContent = "";
+        if (busy) { pending = true; return; } // only the latest text is computed next
+        busy = true;
+        const r = await run(ids);
+        last = { data: r.attentions, T: r.T, tokens, ms: r.ms };
+        draw();
+        explorer.timings.push({ pieces: r.T, inference_ms: r.ms, total_ms: performance.now() - started });
+        busy = false;
+        if (pending) { pending = false; typed(); }
+      }
+      input.addEventListener("input", typed);
+      layer.addEventListener("change", draw);
+      head.addEventListener("change", draw);
+      new MutationObserver(draw).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+      typed();
+    }
   }
 
   const api = { explorers: {}, compute, tokenize, InputError };

@@ -26,6 +26,7 @@ import html
 import json
 import math
 import os
+import pathlib
 import re
 from collections.abc import Mapping, Sequence
 
@@ -196,6 +197,43 @@ def rebuild(spec: Mapping, model: str | None = None) -> AttentionTagger:
     state = {k: _decode(v) for k, v in entry["weights"].items() if k != "alibi_slopes"}
     tagger.load_state_dict(state)
     return tagger.eval()
+
+
+VENDOR = pathlib.Path(__file__).resolve().parents[3] / "_vendor"  # what make puts in _static/
+MINILM_FILES = {"model": "minilm/minilm-attention-fp16.onnx", "vocab": "minilm/vocab.txt",
+                "runtime": ("ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.mjs",
+                            "ort/ort-wasm-simd-threaded.wasm")}
+
+
+def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
+                vendor: pathlib.Path = VENDOR) -> dict:
+    """Chapter 10: all-MiniLM-L6-v2 live in the page, through onnxruntime-web in a worker.
+
+    Nothing is downloaded until the reader presses a button, which states the size: the files
+    ``make`` exported and copied into ``_vendor`` (``tools/export_minilm.py``: the model with
+    float16 weights, checked against PyTorch; the runtime from npm), measured here."""
+    missing = [f for f in (MINILM_FILES["model"], MINILM_FILES["vocab"], *MINILM_FILES["runtime"])
+               if not (vendor / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]} is not in {vendor}: `make book` exports the model "
+                                "and copies the runtime there before the chapters run")
+    size = {"model": (vendor / MINILM_FILES["model"]).stat().st_size,
+            "vocab": (vendor / MINILM_FILES["vocab"]).stat().st_size,
+            "runtime": sum((vendor / f).stat().st_size for f in MINILM_FILES["runtime"])}
+    sentences = list(sentences)
+    if not sentences:
+        raise ValueError("sentences must hold at least one example sentence")
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        raise ValueError(f"name must be lowercase letters, digits and dashes, got {name!r}")
+    from .pretrained import BertConfig, find_model_dir
+
+    config = BertConfig.from_json(find_model_dir() / "config.json")
+    return {"name": name, "kind": "minilm", "sentences": sentences, "max_pieces": max_pieces,
+            "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
+            "colors": _colormap(), "bytes": size,
+            "model": MINILM_FILES["model"], "vocab": MINILM_FILES["vocab"],
+            "ort": MINILM_FILES["runtime"][0], "wasm": "ort/", "worker": "live/minilm-worker.mjs",
+            "tokenizer": "live/wordpiece.js"}
 
 
 def markup(spec: Mapping) -> str:
