@@ -1,6 +1,7 @@
 import os
 import pathlib
 import sys
+import time
 
 import pytest
 import torch
@@ -34,8 +35,18 @@ def device(request) -> str:
     return request.param
 
 
+STARTED = time.time()  # when this pytest run began
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Say where the browser test left its screenshots, so a person can look at them."""
-    shots = pathlib.Path(__file__).resolve().parent.parent / "_build" / "screenshots"
+    """Say where the browser test left its screenshots, so a person can look at them, and give
+    the weight of every page it loaded (tests/test_browser.py)."""
+    build = pathlib.Path(__file__).resolve().parent.parent / "_build"
+    shots = build / "screenshots"
     if shots.is_dir() and any(shots.iterdir()):
         terminalreporter.write_line(f"screenshots of the built book's pages: {shots}")
+    weights = build / "page-weights.txt"
+    if weights.exists() and weights.stat().st_mtime > STARTED:  # written by this run
+        terminalreporter.write_line("what each page transfers as it loads (page-weights.txt):")
+        for line in weights.read_text().splitlines():
+            terminalreporter.write_line("  " + line)

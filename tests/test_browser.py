@@ -102,11 +102,21 @@ def open_page(browser, server, name, width=1280):
     return page, log
 
 
+# Bytes each page transfers as it loads (the server's Content-Length of every response, cached
+# files counted once per page): written to _build/page-weights.txt, which make test prints.
+# Chapter 10's model is fetched only when a reader asks (tests/test_live_browser.py).
+WEIGHTS: dict[str, int] = {}
+
+
 @pytest.mark.parametrize("name", pages())
 def test_page_renders_offline_without_errors(browser, server, name):
     page, log = open_page(browser, server, name)
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}.png"), full_page=True)
+    WEIGHTS[name] = log["bytes"]
+    if len(WEIGHTS) == len(pages()):  # the last page: the table, for make test's summary
+        (SHOTS.parent / "page-weights.txt").write_text("".join(
+            f"{n:40s} {b / 1e6:6.2f} MB\n" for n, b in WEIGHTS.items()))
 
     assert log["offhost"] == [], "requests left 127.0.0.1"
     errors = [e for e in log["errors"] if e not in KNOWN_THEME_MESSAGES]
@@ -130,6 +140,7 @@ def test_page_renders_offline_without_errors(browser, server, name):
         shown = page.locator(".cell_output img").count()
         assert shown >= figures > 0, f"{figures} figures in the notebook, {shown} on the page"
         print(f"{name}: {n_views} widget views, {shown} images, {log['bytes'] / 1e6:.2f} MB")
+
     check_sliders_change_the_heatmap(page, name)
     EXPLORERS[name] = working_explorers(page)
     check_diagrams(page, name)
