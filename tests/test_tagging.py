@@ -469,3 +469,57 @@ def test_train_cache_gives_back_what_training_gave_random_state_included(tmp_pat
     other = data.tagging_task(200, seq_len=12, seed=4)
     train.train_seeds(make, other, seeds=[4, 7], steps=4, batch_size=8, progress=False)
     assert len(list(tmp_path.glob("*.pt"))) == 5
+
+
+def test_train_cache_never_serves_a_model_its_key_cannot_describe(tmp_path, monkeypatch):
+    """Frozen weights, a different tensor setting, hooks and classes without a source file
+    (typed in a notebook) must not load another model's training (the reviewer's collisions)."""
+    monkeypatch.setenv(train.TRAIN_CACHE, str(tmp_path))
+    task = data.tagging_task(100, seq_len=12, seed=3)
+
+    def run(make):
+        return train.train_seeds(make, task, seeds=[4], steps=3, batch_size=8, progress=False)[0]
+
+    def plain():
+        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16)
+
+    def frozen():
+        m = plain()
+        m.embed.weight.requires_grad_(False)
+        return m
+
+    def hooked():
+        m = plain()
+        m.mlp.register_forward_hook(lambda mod, args, out: out * 2)
+        return m
+
+    reference = run(plain)[0]
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    torch.manual_seed(4)
+    untrained = frozen().embed.weight.detach().clone()
+    assert torch.equal(run(frozen)[0].embed.weight, untrained)  # trained, not loaded
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    got = run(hooked)[0]
+    assert not torch.equal(got.mlp[0].weight, reference.mlp[0].weight)  # trained, not loaded
+    assert len(list(tmp_path.glob("*.pt"))) == 2  # and not stored
+
+    namespace = {"nn": torch.nn, "models": models}
+    exec("class Typed(models.AttentionTagger):\n    pass\n", namespace)  # no source file
+
+    def typed():
+        return namespace["Typed"](task.vocab_size, task.n_tags, d=16)
+
+    run(typed)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+
+    def with_tensor(middle):
+        def make():
+            m = plain()
+            m.table = torch.zeros(2000)
+            m.table[1000] = middle  # repr shows neither end's difference
+            return m
+        return make
+
+    run(with_tensor(0.0))
+    run(with_tensor(1.0))
+    assert len(list(tmp_path.glob("*.pt"))) == 4

@@ -19,7 +19,6 @@ explorer chapters (on Colab's widget versions) reuses the book build's training.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import inspect
@@ -254,8 +253,9 @@ def _train_seeds(models: list[nn.Module], data: Sequences, seeds: Sequence[int],
 
 def _cache_file(models: list[nn.Module], data: Sequences, seeds: Sequence[int], steps: int,
                 batch_size: int, lr: float, snapshot_every: int | None) -> pathlib.Path | None:
-    """Where ``SELFATTN_TRAIN_CACHE`` keeps this training's result; None when unset (or off
-    the CPU, whose random state alone is restored)."""
+    """Where ``SELFATTN_TRAIN_CACHE`` keeps this training's result; None when unset, off the CPU
+    (whose random state alone is restored), or for a model the key could not describe: a module
+    with hooks, or a class whose source cannot be read (one typed in a notebook)."""
     folder = os.environ.get(TRAIN_CACHE, "")
     if not folder or next(models[0].parameters()).device.type != "cpu":
         return None
@@ -265,11 +265,23 @@ def _cache_file(models: list[nn.Module], data: Sequences, seeds: Sequence[int], 
     digest.update(repr((torch.__version__, list(seeds), steps, batch_size, lr,
                         snapshot_every)).encode())
     for module in models[0].modules():  # the structure and every setting, not only the weights
+        hooks = [v for k, v in vars(module).items()
+                 if k.endswith("hooks") and ("forward" in k or "backward" in k) and v]
+        if hooks:
+            return None
+        try:
+            digest.update(inspect.getsource(type(module)).encode())
+        except (OSError, TypeError):
+            return None
         settings = {k: v for k, v in vars(module).items() if not k.startswith("_")}
         digest.update(repr((type(module).__module__, type(module).__qualname__,
-                            sorted(settings.items()))).encode())
-        with contextlib.suppress(OSError, TypeError):  # a class typed in a notebook has no file
-            digest.update(inspect.getsource(type(module)).encode())
+                            sorted((k, v) for k, v in settings.items()
+                                   if not isinstance(v, Tensor)))).encode())
+        for v in settings.values():  # a tensor attribute by its bytes (repr elides the middle)
+            if isinstance(v, Tensor):
+                digest.update(v.detach().cpu().contiguous().numpy().tobytes())
+    for m in models:  # which weights train
+        digest.update(repr([(n, p.requires_grad) for n, p in m.named_parameters()]).encode())
     tensors = [v for m in models for v in (*m.state_dict().values(), *m.buffers())]
     for t in [data.tokens, data.tags, *tensors]:
         digest.update(repr((t.dtype, tuple(t.shape))).encode() + t.contiguous().numpy().tobytes())
