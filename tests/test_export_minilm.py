@@ -105,18 +105,24 @@ def test_more_than_512_tokens_is_an_error(session):
         session.run(["attentions"], {"input_ids": ids})
 
 
-def test_weights_are_float16_and_the_file_small(exported):
+def test_weights_are_float16_but_the_attention_projections_and_the_file_small(exported):
     path = exported[0] / export_minilm.MODEL_FILE
     assert path.stat().st_size < 50e6
     proto = onnx.load(str(path))
     init = proto.graph.initializer
     large = [i for i in init if int(np.prod(i.dims)) >= 1024]
-    assert large and all(i.data_type == onnx.TensorProto.FLOAT16 for i in large)
+    square = [i for i in large if len(i.dims) == 2 and i.dims[0] == i.dims[1]]
+    # query, key, value and output projections, float32; the last layer's value and output
+    # projections do not reach its attention probabilities, so the export drops them
+    assert len(square) == 6 * 4 - 2
+    assert all(i.data_type == onnx.TensorProto.FLOAT for i in square)
+    rest = [i for i in large if i not in square]
+    assert rest and all(i.data_type == onnx.TensorProto.FLOAT16 for i in rest)
     assert not [i.name for i in init if i.data_type == onnx.TensorProto.DOUBLE]
     half = sum(int(np.prod(i.dims)) for i in init if i.data_type == onnx.TensorProto.FLOAT16)
-    assert half > 20e6  # the embedding tables and every weight matrix: 21 million numbers
+    assert half > 17e6  # the embedding tables and the feed-forward matrices: 17.8 million
     casts = {n.input[0] for n in proto.graph.node if n.op_type == "Cast"}
-    assert {i.name for i in large} <= casts  # each one cast back to float32 before use
+    assert {i.name for i in rest} <= casts  # each one cast back to float32 before use
 
 
 def test_vocab_file(exported, model):
