@@ -99,8 +99,13 @@ def test_the_page_applies_the_tasks_own_rules():
     model = models.AttentionTagger(len(words), 4, d=8, n_heads=2, max_len=16)
     spec = live.tagger_spec("test-saw", {"m": model}, words, ["a", "b", "c", "d"],
                             rule="cue_before_saw", sentences=["c2 w5 saw"], max_tokens=8)
-    (got,) = node_compute(spec, [["c3 w5 saw c1 saw w6", {}]])
-    assert got["rule"] == [None, None, "sense 3", None, "sense 1", None]
+    # the task's sentences: one 'saw', exactly one cue before it, decoys only after it
+    got = node_compute(spec, [["c3 w5 saw c1 w6", {}], ["c3 w5 saw c1 saw w6", {}],
+                              ["c2 c3 w5 saw", {}], ["w5 saw c1", {}]])
+    assert got[0]["rule"] == [None, None, "sense 3", None, None]
+    assert got[1]["rule"] == [None, None, "outside the task", None, "outside the task", None]
+    assert got[2]["rule"] == [None, None, None, "outside the task"]
+    assert got[3]["rule"] == [None, "outside the task", None]
 
 
 def test_chapter_two_head_in_javascript_equals_pytorch():

@@ -161,10 +161,13 @@
       let last = 0;
       return words.map((w) => (last = cue(w) || last) ? `c${last}` : "no cue yet");
     }
-    return words.map((w, t) => { // 'saw': the nearest cue before it
+    // 'saw': the task's sentences hold one 'saw' and exactly one cue before it (decoys, if
+    // any, come after), and its sense is that cue's; any other sentence is outside the task
+    const saws = words.filter((w) => w === "saw").length;
+    return words.map((w, t) => {
       if (w !== "saw") return null;
-      for (let j = t - 1; j >= 0; j--) if (cue(words[j])) return `sense ${cue(words[j])}`;
-      return "no cue before it";
+      const before = words.slice(0, t).filter(cue);
+      return saws === 1 && before.length === 1 ? `sense ${cue(before[0])}` : "outside the task";
     });
   }
 
@@ -178,7 +181,7 @@
       const i = spec.words.indexOf(w);
       if (i < 0) {
         const known = spec.words.filter((x) => x !== null);
-        const list = known.length > 16 ? `${known.slice(0, 16).join(" ")} …` : known.join(" ");
+        const list = known.length > 16 ? `${known.slice(0, 12).join(" ")} … ${known[known.length - 1]}` : known.join(" ");
         throw new InputError(`The word “${w}” is not in this model's vocabulary. It knows: ${list}`);
       }
       ids.push(i);
@@ -206,10 +209,13 @@
     const ctx0 = canvas.getContext("2d");
     ctx0.font = font;
     const labelW = Math.ceil(Math.max(...labels.map((l) => ctx0.measureText(l).width))) + 8;
-    const avail = Math.max(240, (canvas.parentElement.clientWidth || 640) - labelW - 90);
-    const cell = Math.max(8, Math.min(34, Math.floor(avail / T)));
+    const box = canvas.parentElement, boxStyle = getComputedStyle(box);
+    const inner = (box.clientWidth || 640) - parseFloat(boxStyle.paddingLeft || 0) - parseFloat(boxStyle.paddingRight || 0);
+    const avail = Math.max(200, inner - labelW - 104); // the content box, less labels and colour bar
+    const cell = Math.max(3, Math.min(34, Math.floor(avail / T)));
+    const every = Math.ceil(13 / cell); // label every token while they fit, else every k-th
     const left = labelW + 18, top = 26, size = cell * T;
-    const width = left + size + 70, height = top + size + labelW + 22;
+    const width = left + size + 84, height = top + size + labelW + 22;
     canvas.width = width * dpr; canvas.height = height * dpr;
     canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
     const ctx = canvas.getContext("2d");
@@ -239,8 +245,9 @@
       }
     ctx.fillStyle = text;
     ctx.textAlign = "right";
-    labels.forEach((l, i) => ctx.fillText(l, left - 4, top + i * cell + cell / 2));
+    labels.forEach((l, i) => { if (i % every === 0) ctx.fillText(l, left - 4, top + i * cell + cell / 2); });
     labels.forEach((l, j) => { // key labels, turned
+      if (j % every) return;
       ctx.save();
       ctx.translate(left + j * cell + cell / 2, top + size + 4);
       ctx.rotate(-Math.PI / 2);
@@ -337,19 +344,25 @@
         : `${o.model ? o.model + ", " : ""}head ${head}`;
       drawHeatmap(canvas, rows, out.tokens, out.masked, spec.colors, title);
       canvas.setAttribute("aria-label", `attention weights, ${title}: ${out.tokens.join(" ")}`);
-      caption.textContent = spec.kind === "attention" ? entropyCaption(rows) : tagCaption(out);
+      caption.textContent = spec.kind === "attention" ? entropyCaption(rows, o.mask === "causal") : tagCaption(out);
     }
-    function entropyCaption(rows) {
+    function entropyCaption(rows, causal) {
       const H = rows.map((r) => -r.reduce((a, p) => a + (p > 0 ? p * Math.log(p) : 0), 0));
       const mean = H.reduce((a, b) => a + b, 0) / H.length;
-      return `mean row entropy ${mean.toFixed(2)} nats (uniform: ${Math.log(rows.length).toFixed(2)})`;
+      // uniform over the keys a row may see: all n, or 1..n under the causal mask
+      const seen = rows.map((_, i) => Math.log(causal ? i + 1 : rows.length));
+      const uniform = seen.reduce((a, b) => a + b, 0) / rows.length;
+      return `mean row entropy ${mean.toFixed(2)} nats (uniform: ${uniform.toFixed(2)})`;
     }
     function tagCaption(out) {
       const pairs = out.rule.map((want, t) => [t, want]).filter(([, want]) => want !== null);
       const agree = pairs.filter(([t, want]) => out.predicted[t] === want).length;
       if (spec.rule === "cue_before_saw") {
         if (!pairs.length) return "No “saw” in this sentence: type one to see its tag.";
-        return pairs.map(([t, want]) => `“saw” at ${t}: the model says ${out.predicted[t]}, the rule ${want}`).join("; ");
+        return pairs.map(([t, want]) => `“saw” (word ${t + 1}): the model says ${out.predicted[t]}; ` +
+          (want === "outside the task"
+            ? "the task's sentences have one “saw” and one cue before it, so no rule applies here"
+            : `the task's rule says ${want}`)).join(". ");
       }
       return `the model's tag (the latest cue) agrees with the rule on ${agree} of ${pairs.length} tokens; ` +
         `last token: ${out.predicted[out.predicted.length - 1]}`;
@@ -485,6 +498,7 @@
       canvas.setAttribute("role", "img");
       const caption = element("p", { className: "selfattn-live-caption" });
       const grid = element("div", { className: "selfattn-live-grid" });
+      const gridTitle = element("p", { className: "selfattn-live-caption", textContent: `All ${L * H} heads (click one to show it above):` });
       grid.style.gridTemplateColumns = `auto repeat(${H}, 1fr)`;
       const thumbs = [];
       grid.append(element("span"));
@@ -505,8 +519,7 @@
         examples.append(b, " ");
       });
       div.append(element("div", { className: "selfattn-live-controls" }, [element("label", {}, ["sentence ", input]), ll, hl]),
-        examples, message, canvas, caption,
-        element("p", { className: "selfattn-live-caption", textContent: "All 72 heads (click one to show it above):" }), grid);
+        examples, message, canvas, caption, gridTitle, grid);
 
       let last = null, busy = false, pending = null;
       function draw() {
@@ -522,24 +535,28 @@
         }
         caption.textContent = `${T} word pieces; the model took ${ms.toFixed(1)} ms in this browser`;
       }
+      const views = [canvas, caption, grid, gridTitle];
+      function hide(text) { // a message instead of a view of other text
+        message.textContent = text;
+        for (const v of views) v.hidden = true;
+      }
       async function typed() {
         const started = performance.now();
         const text = input.value;
-        if (!text.trim()) { message.textContent = "Type a sentence first."; return; }
+        if (!text.trim()) return hide("Type a sentence first.");
         const { ids, tokens } = tokenizer.encode(text);
-        if (ids.length > spec.max_pieces) {
-          message.textContent = `That is ${ids.length} word pieces; this view takes at most ${spec.max_pieces}.`;
-          return;
-        }
-        message.textContent = "";
+        if (ids.length > spec.max_pieces)
+          return hide(`That is ${ids.length} word pieces; this view takes at most ${spec.max_pieces}.`);
         if (busy) { pending = true; return; } // only the latest text is computed next
         busy = true;
         const r = await run(ids);
+        busy = false;
+        if (input.value !== text || pending) { pending = false; return typed(); } // stale: redo
+        message.textContent = "";
+        for (const v of views) v.hidden = false;
         last = { data: r.attentions, T: r.T, tokens, ms: r.ms };
         draw();
         explorer.timings.push({ pieces: r.T, inference_ms: r.ms, total_ms: performance.now() - started });
-        busy = false;
-        if (pending) { pending = false; typed(); }
       }
       input.addEventListener("input", typed);
       layer.addEventListener("change", draw);
