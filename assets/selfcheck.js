@@ -1,19 +1,29 @@
 /* The book's self-checks, checked in the page with no kernel (src/selfattn/book/selfcheck.py
-   writes their HTML: a div.selfattn-selfcheck with data-kind, data-expected and, for a number,
-   data-rtol; a text box, a Check button and a verdict line with role="status").
+   writes their HTML: a div.selfattn-selfcheck with data-kind, data-expected and, as needed,
+   data-rtol (a number), data-unit ("bytes") and data-hints (JSON [[factor, hint], ...]); a text
+   box, a Check button and a verdict line with role="status").
 
    A classic script with no dependencies. On DOMContentLoaded it wires every self-check in the
    page: the Check button, or Enter in the text box, writes the verdict. The verdict says right or
-   not yet, and what is off (too high, too low, a dimension), never the answer.
+   not yet, and what is off, never the answer: close (within 1 %: give the exact value or more
+   digits), a hint the question names for factor x the answer (half the FLOPs), for bytes a
+   missing or a decimal unit, too high, too low, a dimension.
+
+   A unit is accepted only where the question is about bytes (data-unit="bytes"): KiB, MiB, GiB,
+   TiB (powers of 2), kB, MB, GB, TB (powers of 10), B or bytes. Elsewhere a unit is refused.
 
    window.selfattnSelfCheck is the test entry (tests/test_selfcheck.py calls it in Node without a
    DOM; tests/test_selfcheck_browser.py in the built book):
-     parseNumber(text)      -> {ok: true, value} or {ok: false}: "1,024", "1_024", "1e6",
-                               "2**20", "2^20", "4 * 2**30", "4 GiB", "(3 + 1) / 2", ...
+     parseNumber(text, unit)-> {ok: true, value, number, unit} or {ok: false, why}: "1,024",
+                               "1_024", "1e6", "2**20", "2^20", "4 * 2**30", "(3 + 1) / 2", ...;
+                               with unit "bytes" also "3 MiB", "3 MB", "3 bytes" (value in bytes,
+                               number as typed, unit the unit's name); without it a unit fails
+                               with why "unit"
      parseShape(text)       -> {ok: true, value: [ints]} or {ok: false}: "(2, 8, 16)", "2, 8, 16",
                                "[2, 8, 16]", "torch.Size([2, 8, 16])", "2 x 8 x 16"
-     judge(spec, text)      -> {state, message}: spec is {kind, expected, rtol}; state is "right",
-                               "wrong", "unreadable" (not a number or a shape) or "empty"
+     judge(spec, text)      -> {state, message}: spec is {kind, expected, rtol, unit, hints};
+                               state is "right", "wrong", "unreadable" (not a number or a
+                               shape, or a unit where none belongs) or "empty"
      readSpec(element)      -> the spec in a self-check's data attributes
      verdict(element, text) -> judge(readSpec(element), text)
      wireAll(root)          -> wires every self-check under root (document by default) */
@@ -21,7 +31,24 @@
   "use strict";
 
   var DEFAULT_RTOL = 1e-6; // as selfcheck.DEFAULT_RTOL
-  var UNITS = { k: 1024, m: 1048576, g: 1073741824, t: 1099511627776 }; // KiB, MiB, GiB, TiB
+  var CLOSE = 0.01; // as selfcheck.CLOSE: a wrong answer this near (relative) is "close"
+  var BINARY = { KiB: 1024, MiB: 1048576, GiB: 1073741824, TiB: 1099511627776 };
+  var DECIMAL = { kB: 1e3, MB: 1e6, GB: 1e9, TB: 1e12 };
+  var AS_BINARY = { kB: "KiB", MB: "MiB", GB: "GiB", TB: "TiB" }; // the unit a reader may have meant
+  var BYTE_UNIT = /^(.*?)\s*(kib|mib|gib|tib|kb|mb|gb|tb|b|bytes?)$/i;
+
+  /* A unit as typed (any case) -> its name ("GiB", "MB", "bytes") and its size in bytes. */
+  function byteUnit(typed) {
+    var lower = typed.toLowerCase();
+    if (lower === "b" || lower === "byte" || lower === "bytes") return { name: "bytes", scale: 1 };
+    var names = Object.keys(BINARY).concat(Object.keys(DECIMAL));
+    for (var i = 0; i < names.length; i++) {
+      if (names[i].toLowerCase() === lower) {
+        return { name: names[i], scale: BINARY[names[i]] || DECIMAL[names[i]] };
+      }
+    }
+    return null;
+  }
 
   function fail(why) {
     return { ok: false, why: why };
@@ -87,29 +114,34 @@
     return value;
   }
 
-  function parseNumber(text) {
+  /* unit: "bytes" where the question is about bytes (a unit may follow the number); anything
+     else, a plain number (a unit fails, with why "unit"). */
+  function parseNumber(text, unit) {
     var s = String(text).trim()
       .replace(/[\u00a0\u2009\u202f]/g, " ") // no-break and thin spaces
       .replace(/[\u00d7\u22c5\u00b7]/g, "*") // times signs
       .replace(/\u2212/g, "-"); // the minus sign
-    var scale = 1;
-    var unit = /^(.*?)\s*(?:([kmgt])ib|bytes?)$/i.exec(s);
-    if (unit) {
-      s = unit[1];
-      if (unit[2]) scale = UNITS[unit[2].toLowerCase()];
+    var found = BYTE_UNIT.exec(s), typedUnit = null;
+    if (found && found[1] !== "") {
+      if (unit !== "bytes") return fail("unit");
+      s = found[1];
+      typedUnit = byteUnit(found[2]);
     }
+    var scale = typedUnit ? typedUnit.scale : 1;
     s = s.replace(/(\d)[,_ ](?=\d{3}(?!\d))/g, "$1") // 1,024 and 1 024: groups of three digits
       .replace(/(\d)_(?=\d)/g, "$1"); // 1_024 (Python allows _ between any digits)
     if (s === "" || s.indexOf(",") >= 0 || s.indexOf("_") >= 0) return fail("not a number");
     var list = tokens(s);
     if (!list || list.length === 0) return fail("not a number");
-    var value;
+    var number;
     try {
-      value = evaluate(list) * scale;
+      number = evaluate(list);
     } catch (e) {
       return fail("not a number");
     }
-    return isFinite(value) ? { ok: true, value: value } : fail("not a finite number");
+    var value = number * scale;
+    if (!isFinite(value)) return fail("not a finite number");
+    return { ok: true, value: value, number: number, unit: typedUnit ? typedUnit.name : null };
   }
 
   function parseShape(text) {
@@ -130,10 +162,14 @@
   }
 
   var READ_AS = {
-    number: "Can't read that as a number: write it like 0.25, 1,024, 1e6, 2**20 or 4 GiB.",
-    count: "Can't read that as a whole number: write it like 1,024, 1e6, 2**20 or 4 GiB.",
+    number: "Can't read that as a number: write it like 0.25, 1,024, 1e6 or 2**20.",
+    count: "Can't read that as a whole number: write it like 1,024, 1e6 or 2**20.",
     shape: "Can't read that as a shape: write it like (2, 8, 16).",
+    bytes: "Can't read that as a number of bytes: write it like 1,536, 2**20 or 3 MiB " +
+      "(KiB, MiB, GiB, TiB are powers of 2; kB, MB, GB, TB powers of 10).",
   };
+  var NO_UNIT = "This answer is a plain number, not bytes: write it without a unit, " +
+    "like 1,024 or 2**20.";
 
   function right() {
     return { state: "right", message: "\u2713 Right." };
@@ -161,26 +197,64 @@
         off.slice(0, -1).join(", ") + " and " + off[off.length - 1] + " are";
       return notYet(which + " not right" + (off.length < want.length ? "; the rest are." : "."));
     }
-    var n = parseNumber(text);
-    if (!n.ok) return { state: "unreadable", message: READ_AS[spec.kind] };
-    var high = n.value > spec.expected;
-    if (spec.kind === "count") {
-      if (!Number.isInteger(n.value)) return notYet("the answer is a whole number.");
-      return n.value === spec.expected ? right() : notYet(high ? "too high." : "too low.");
+    var bytes = spec.unit === "bytes";
+    if (spec.unit !== undefined && spec.unit !== null && !bytes) {
+      throw new Error("unknown self-check unit " + spec.unit);
     }
-    var rtol = spec.rtol === undefined || spec.rtol === null ? DEFAULT_RTOL : spec.rtol;
-    var tolerance = rtol * Math.abs(spec.expected) || rtol; // an expected 0: rtol as absolute
-    if (Math.abs(n.value - spec.expected) <= tolerance) return right();
-    return notYet(high ? "too high." : "too low.");
+    var n = parseNumber(text, spec.unit);
+    if (!n.ok) {
+      return { state: "unreadable", message: n.why === "unit" ? NO_UNIT : READ_AS[bytes ? "bytes" : spec.kind] };
+    }
+    var count = spec.kind === "count";
+    // a count is right only when equal; a number within rtol (relative; absolute for an expected 0)
+    var rtol = count ? 0 : spec.rtol === undefined || spec.rtol === null ? DEFAULT_RTOL : spec.rtol;
+    function near(value, target) {
+      return Math.abs(value - target) <= (rtol * Math.abs(target) || rtol);
+    }
+    if (near(n.value, spec.expected)) return right();
+    var hints = spec.hints || [];
+    for (var h = 0; h < hints.length; h++) {
+      if (near(n.value, hints[h][0] * spec.expected)) return notYet(hints[h][1]);
+    }
+    if (bytes && n.unit && AS_BINARY[n.unit] && near(n.number * BINARY[AS_BINARY[n.unit]], spec.expected)) {
+      return notYet("a " + n.unit + " is a power of 10 bytes, a " + AS_BINARY[n.unit] +
+                    " a power of 2: your number is right in " + AS_BINARY[n.unit] + ".");
+    }
+    if (bytes && !n.unit) {
+      for (var name in BINARY) {
+        if (near(n.value * BINARY[name], spec.expected)) {
+          return notYet("that is the size in " + name + ", and a number alone is read as bytes: " +
+                        "write the unit (" + String(text).trim() + " " + name + ") or the bytes.");
+        }
+      }
+    }
+    var close = Math.abs(n.value - spec.expected) <= CLOSE * Math.abs(spec.expected);
+    if (count) {
+      var whole = Number.isInteger(n.value);
+      if (close) { // a rounded answer, "2.75e11": not a direction, as if it were far off
+        return notYet("close (within 1%), but " + (whole ? "not exact" : "the answer is a whole number") +
+                      (bytes ? ": give the exact number of bytes, or an exact value with a unit " +
+                               "such as MiB or GiB." : ": give the exact count, every digit."));
+      }
+      // "4.2 GiB" is a whole number of bytes in the wrong place, not a fraction of a byte
+      if (!whole && (!n.unit || n.unit === "bytes")) return notYet("the answer is a whole number.");
+    } else if (close) {
+      return notYet("close (within 1%), but not close enough: give more digits.");
+    }
+    return notYet(n.value > spec.expected ? "too high." : "too low.");
   }
 
   function readSpec(element) {
     var kind = element.getAttribute("data-kind");
     var rtol = element.getAttribute("data-rtol");
+    var unit = element.getAttribute("data-unit");
+    var hints = element.getAttribute("data-hints");
     return {
       kind: kind,
       expected: JSON.parse(element.getAttribute("data-expected")),
       rtol: rtol === null ? undefined : parseFloat(rtol),
+      unit: unit === null ? undefined : unit,
+      hints: hints === null ? [] : JSON.parse(hints),
     };
   }
 

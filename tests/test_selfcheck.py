@@ -23,7 +23,7 @@ import torch
 import selfattn
 from selfattn.book import exercises
 from selfattn.book.exercises import recall
-from selfattn.book.selfcheck import DEFAULT_RTOL, MAX_EXACT, self_check
+from selfattn.book.selfcheck import CLOSE, DEFAULT_RTOL, MAX_EXACT, self_check
 from selfattn.book.viz import STATIC_ENV
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -76,6 +76,7 @@ def test_static_html_carries_the_kind_and_the_expected_value(expected, kind, dat
     assert box["data-kind"] == kind
     assert json.loads(box["data-expected"]) == data
     assert ("data-rtol" in box) == (kind == "number")
+    assert "data-unit" not in box and "data-hints" not in box  # a plain number, no hints
     if kind == "number":
         assert float(box["data-rtol"]) == DEFAULT_RTOL
     field = widget.first("input")
@@ -92,6 +93,26 @@ def test_static_html_carries_the_kind_and_the_expected_value(expected, kind, dat
 def test_a_number_keeps_its_own_tolerance(monkeypatch):
     box = _Widget(self_check("q?", 2.5, rtol=0.01).html()).first("div")
     assert float(box["data-rtol"]) == 0.01
+
+
+@pytest.mark.parametrize("kind, expected", [("count", 4_294_967_296), ("number", 1.5 * 2**20)])
+def test_a_question_about_bytes_says_so_and_asks_for_bytes(kind, expected):
+    check = self_check("How many bytes?", expected, kind=kind, unit="bytes")
+    widget = _Widget(check.html())
+    assert widget.first("div")["data-unit"] == "bytes"
+    assert widget.first("input")["placeholder"].startswith("bytes, e.g.")
+    plain = _Widget(self_check("How many FLOPs?", 2**38, kind="count").html())
+    assert "data-unit" not in plain.first("div") and "MiB" not in plain.first("input")["placeholder"]
+
+
+def test_hints_are_written_as_json_pairs_and_escaped():
+    check = self_check("How many FLOPs?", 2**38, kind="count",
+                       hints={0.5: 'a multiply-add counts as "two" FLOPs.', 2: "  once   only. "})
+    assert check.hints == ((0.5, 'a multiply-add counts as "two" FLOPs.'), (2.0, "once only."))
+    box = _Widget(check.html()).first("div")  # the parser unescapes the attribute
+    assert json.loads(box["data-hints"]) == [[0.5, 'a multiply-add counts as "two" FLOPs.'],
+                                             [2.0, "once only."]]
+    assert '"two"' not in check.html()  # the quotes inside the attribute are escaped
 
 
 @pytest.mark.parametrize("expected, kind", [
@@ -137,6 +158,18 @@ def test_the_question_is_one_line():
     (("q?", (2, -1)), {"kind": "shape"}, ValueError, "dimension 1 of the shape"),
     (("q?", (2, 3.0)), {"kind": "shape"}, TypeError, "dimension 1 of the shape must be an int"),
     (("q?", (2, 3)), {"kind": "shape", "rtol": 0.0}, ValueError, "rtol is for kind='number'"),
+    (("q?", 3), {"kind": "count", "unit": "GiB"}, ValueError, "unit must be one of ('bytes',)"),
+    (("q?", 3), {"kind": "count", "unit": 8}, TypeError, "unit must be a str"),
+    (("q?", (2, 3)), {"kind": "shape", "unit": "bytes"}, ValueError, "not a shape"),
+    (("q?", (2, 3)), {"kind": "shape", "hints": {0.5: "half"}}, ValueError, "not a shape"),
+    (("q?", 8), {"kind": "count", "hints": [(0.5, "half")]}, TypeError, "hints must be a dict"),
+    (("q?", 8), {"kind": "count", "hints": {1: "same"}}, ValueError, "other than 1"),
+    (("q?", 8), {"kind": "count", "hints": {0: "zero"}}, ValueError, "positive finite"),
+    (("q?", 8), {"kind": "count", "hints": {-0.5: "minus"}}, ValueError, "positive finite"),
+    (("q?", 8), {"kind": "count", "hints": {math.inf: "inf"}}, ValueError, "positive finite"),
+    (("q?", 8), {"kind": "count", "hints": {True: "bool"}}, TypeError, "factor must be a number"),
+    (("q?", 8), {"kind": "count", "hints": {0.5: " \n "}}, ValueError, "is empty"),
+    (("q?", 8), {"kind": "count", "hints": {0.5: 3}}, TypeError, "a hint must be a str"),
 ])
 def test_bad_arguments_raise_clearly(args, kwargs, error, words):
     with pytest.raises(error, match=re.escape(words)):
@@ -231,6 +264,13 @@ def _expected_call(text):
     return expected.func.attr, [value(a) for a in expected.args], kind
 
 
+def _keyword(text, name):
+    """The literal value of keyword ``name`` of the cell's self_check call, None when not given."""
+    call = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == "self_check")
+    return next((ast.literal_eval(k.value) for k in call.keywords if k.arg == name), None)
+
+
 _ITEMSIZE = {4: torch.float32, 2: torch.float16}  # bfloat16 takes the bytes of float16
 
 
@@ -297,6 +337,30 @@ def test_each_expected_value_is_one_its_exercises_checker_accepts(name, index, t
     assert agrees(function, check.expected, args) is True, capsys.readouterr().out
 
 
+BYTE_FUNCTIONS = ("additive_pair_bytes", "kv_cache_bytes", "scores_bytes", "model_cache_bytes")
+
+
+@pytest.mark.parametrize("name, index, text", SELF_CHECKS, ids=lambda x: str(x)[:20])
+def test_units_are_accepted_exactly_where_the_answer_is_bytes(name, index, text):
+    """A question about bytes passes unit="bytes" (the page then accepts "4 GiB"); any other
+    question passes no unit, so that "256 GiB" is not a count of FLOPs."""
+    function, _, _ = _expected_call(text)
+    unit = _keyword(text, "unit")
+    assert set(BYTE_FUNCTIONS) <= set(AGREES)
+    if function not in BYTE_FUNCTIONS:
+        assert unit is None, f"recall.{function} is not a size in bytes: pass no unit"
+    else:
+        assert unit == "bytes", f"recall.{function} is a size in bytes: pass unit=\"bytes\""
+
+
+def test_the_flops_question_states_its_convention_and_hints_at_half():
+    (text,) = [t for _, _, t in SELF_CHECKS if _expected_call(t)[0] == "attention_flops"]
+    assert "multiply-add as 2 FLOPs" in text and "both matrix products" in text
+    hints = _keyword(text, "hints")
+    assert "multiply-add counts as two FLOPs" in hints[0.5]
+    assert not any(ch.isdigit() for hint in hints.values() for ch in hint)  # no number given away
+
+
 def test_every_expected_value_function_is_paired_with_its_checker():
     defined = {n for n, f in vars(recall).items() if callable(f) and not n.startswith(("_", "check_"))
                and getattr(f, "__module__", "") == recall.__name__}
@@ -334,18 +398,31 @@ def test_the_script_loads_without_a_dom_and_offers_its_test_entry():
 def test_the_script_and_the_module_share_the_default_tolerance():
     found = re.search(r"var DEFAULT_RTOL = ([0-9.e+-]+);", SCRIPT.read_text())
     assert found and float(found.group(1)) == DEFAULT_RTOL
+    close = re.search(r"var CLOSE = ([0-9.e+-]+);", SCRIPT.read_text())
+    assert close and float(close.group(1)) == CLOSE == 0.01  # the messages say "within 1%"
 
 
 NUMBERS = {
     "1024": 1024, "1,024": 1024, "1_024": 1024, "1 024": 1024, "1,048,576": 2**20,
     "1e6": 1e6, "1E6": 1e6, "2.5e-3": 0.0025, "2**20": 2**20, "2 ** 20": 2**20, "2^20": 2**20,
     "4 * 2**30": 4 * 2**30, "4*2^30": 4 * 2**30, "4 × 2**30": 4 * 2**30, "32*8192*8192*4": 32 * 8192**2 * 4,
-    "4 GiB": 4 * 2**30, "4GiB": 4 * 2**30, "320 KiB": 320 * 1024, "16 MiB": 2**24, "1 TiB": 2**40,
-    "16777216 bytes": 16777216, "0.25": 0.25, ".5": 0.5, "-2**2": -4, "2**3**2": 512,
+    "0.25": 0.25, ".5": 0.5, "-2**2": -4, "2**3**2": 512,
     "(3 + 1) / 2": 2, "100 * 0.5 * 0.5": 25, "−3": -3, " 25 ": 25,
 }
-NOT_NUMBERS = ["", "abc", "1,5", "12,34", "1 2", "3e", "2(3)", "(2", "2)", "1/0", "4 GB", "2 **",
-               "1,0245", "five", "0x10"]
+NOT_NUMBERS = ["", "abc", "1,5", "12,34", "1 2", "3e", "2(3)", "(2", "2)", "1/0", "2 **",
+               "1,0245", "five", "0x10", "b", "GiB"]
+UNITS_REFUSED = ["4 GiB", "4GiB", "0.125 KiB", "256 GiB", "16777216 bytes", "4 GB", "3 MB", "512 B",
+                 "1 byte"]  # a plain number: a unit is refused, and says so (why "unit")
+BYTES = {  # with unit "bytes": value in bytes, the number as typed, the unit's name
+    "4 GiB": (4 * 2**30, 4, "GiB"), "4GiB": (4 * 2**30, 4, "GiB"), "4 gib": (4 * 2**30, 4, "GiB"),
+    "320 KiB": (320 * 1024, 320, "KiB"), "16 MiB": (2**24, 16, "MiB"), "1 TiB": (2**40, 1, "TiB"),
+    "0.5 GiB": (2**29, 0.5, "GiB"), "2**4 MiB": (2**24, 16, "MiB"),
+    "4 GB": (4e9, 4, "GB"), "4 gb": (4e9, 4, "GB"), "3 MB": (3e6, 3, "MB"), "1.5 kB": (1500, 1.5, "kB"),
+    "2 KB": (2000, 2, "kB"), "1 TB": (1e12, 1, "TB"),
+    "16777216 bytes": (16777216, 16777216, "bytes"), "512 B": (512, 512, "bytes"),
+    "1 byte": (1, 1, "bytes"), "1,024": (1024, 1024, None), "2**20": (2**20, 2**20, None),
+}
+NOT_BYTES = ["4 PB", "GiB", "4 GiBs", "4 Gi", "4 gigabytes", "4 GiB GiB", "bytes", "4 KiB 2"]
 
 
 def test_typed_numbers_parse():
@@ -357,6 +434,21 @@ def test_typed_numbers_parse():
 def test_what_is_not_a_number_does_not_parse():
     got = in_node("data.map(t => selfattnSelfCheck.parseNumber(t).ok)", NOT_NUMBERS)
     assert not any(got), [t for t, ok in zip(NOT_NUMBERS, got, strict=True) if ok]
+
+
+def test_a_plain_number_refuses_a_unit_and_says_why():
+    got = in_node("data.map(t => selfattnSelfCheck.parseNumber(t))", UNITS_REFUSED)
+    assert all(r == {"ok": False, "why": "unit"} for r in got), dict(zip(UNITS_REFUSED, got, strict=True))
+
+
+def test_bytes_parse_with_binary_and_decimal_units():
+    got = in_node("data.map(t => selfattnSelfCheck.parseNumber(t, 'bytes'))", list(BYTES) + NOT_BYTES)
+    for text, result in zip(BYTES, got, strict=False):
+        value, number, unit = BYTES[text]
+        assert result["ok"], text
+        assert result["value"] == pytest.approx(value, rel=1e-12), text
+        assert (result["number"], result["unit"]) == (pytest.approx(number), unit), text
+    assert not any(r["ok"] for r in got[len(BYTES):]), dict(zip(NOT_BYTES, got[len(BYTES):], strict=True))
 
 
 SHAPES = {
@@ -374,22 +466,68 @@ def test_typed_shapes_parse_and_others_do_not():
     assert not any(r["ok"] for r in got[len(SHAPES):]), got[len(SHAPES):]
 
 
+FLOPS = {"kind": "count", "expected": 274877906944,
+         "hints": [[0.5, "a multiply-add counts as two FLOPs."], [0.25, "two FLOPs, both products."]]}
+GIB4 = {"kind": "count", "expected": 4294967296, "unit": "bytes"}
 VERDICTS = [  # spec, typed, state, words in the message
     ({"kind": "count", "expected": 240}, "240", "right", "Right"),
     ({"kind": "count", "expected": 240}, "2.4e2", "right", "Right"),
-    ({"kind": "count", "expected": 240}, "241", "wrong", "too high"),
-    ({"kind": "count", "expected": 240}, "239", "wrong", "too low"),
-    ({"kind": "count", "expected": 240}, "240.5", "wrong", "whole number"),
+    ({"kind": "count", "expected": 240}, "250", "wrong", "too high"),
+    ({"kind": "count", "expected": 240}, "230", "wrong", "too low"),
+    ({"kind": "count", "expected": 240}, "250.5", "wrong", "whole number"),
     ({"kind": "count", "expected": 240}, "many", "unreadable", "Can't read"),
     ({"kind": "count", "expected": 240}, "   ", "empty", "Type an answer"),
-    ({"kind": "count", "expected": 8589934592}, "8 GiB", "right", "Right"),
+    # close: within 1 % but not right, a rounded answer, gets no direction
+    ({"kind": "count", "expected": 274877906944}, "2.75e11", "wrong", "close (within 1%), but not exact"),
+    ({"kind": "count", "expected": 274877906944}, "2.74e11", "wrong", "give the exact count"),
+    ({"kind": "count", "expected": 4294967296}, "4.29e9", "wrong", "close (within 1%)"),
+    ({"kind": "count", "expected": 4294967296}, "4.3e9", "wrong", "give the exact count"),
+    ({"kind": "count", "expected": 274877906944}, "2.8e11", "wrong", "too high"),  # 1.9 % off
+    ({"kind": "count", "expected": 274877906944}, "2.7e11", "wrong", "too low"),
+    ({"kind": "count", "expected": 240}, "241", "wrong", "close (within 1%), but not exact"),
+    ({"kind": "count", "expected": 240}, "240.5", "wrong", "close (within 1%), but the answer is a whole"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.001", "wrong", "close (within 1%)"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "24.999", "wrong", "give more digits"),
+    ({"kind": "number", "expected": 0.7071067811865476}, "0.707", "wrong", "give more digits"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.5", "wrong", "too high"),
+    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "24.5", "wrong", "too low"),
+    # a hint for a factor of the answer: half the FLOPs
+    (FLOPS, "274877906944", "right", "Right"),
+    (FLOPS, "137,438,953,472", "wrong", "a multiply-add counts as two FLOPs."),
+    (FLOPS, "2 * 4096**2 * 64 * 32 * 2", "wrong", "a multiply-add counts as two FLOPs."),
+    (FLOPS, "68719476736", "wrong", "two FLOPs, both products."),
+    (FLOPS, "137438953473", "wrong", "too low"),  # not exactly half: no hint
+    (FLOPS, "549755813888", "wrong", "too high"),  # twice: no hint named for it
+    ({"kind": "number", "expected": 3.0, "hints": [[0.5, "halved."]]}, "1.5000001", "wrong", "halved."),
+    # units: only for a question about bytes
+    (FLOPS, "256 GiB", "unreadable", "plain number, not bytes"),
+    ({"kind": "count", "expected": 128}, "0.125 KiB", "unreadable", "without a unit"),
+    ({"kind": "number", "expected": 25.0}, "25 bytes", "unreadable", "plain number"),
+    ({"kind": "count", "expected": 8589934592}, "8 GiB", "unreadable", "plain number, not bytes"),
     ({"kind": "count", "expected": 8589934592}, "32 * 8192**2 * 4", "right", "Right"),
     ({"kind": "count", "expected": 8589934592}, "8,589,934,592", "right", "Right"),
-    ({"kind": "count", "expected": 8589934592}, "4 GiB", "wrong", "too low"),
+    (GIB4, "4 GiB", "right", "Right"),
+    (GIB4, "4294967296", "right", "Right"),
+    (GIB4, "4294967296 bytes", "right", "Right"),
+    (GIB4, "4,096 MiB", "right", "Right"),
+    (GIB4, "2^32 B", "right", "Right"),
+    (GIB4, "4.294967296 GB", "right", "Right"),  # decimal units: powers of 10
+    (GIB4, "4294967.296 kB", "right", "Right"),
+    (GIB4, "4", "wrong", "that is the size in GiB, and a number alone is read as bytes"),
+    (GIB4, "4096", "wrong", "write the unit (4096 MiB) or the bytes"),
+    (GIB4, "4 GB", "wrong", "a GB is a power of 10 bytes, a GiB a power of 2"),
+    (GIB4, "4,096 MB", "wrong", "your number is right in MiB"),
+    (GIB4, "4.29e9", "wrong", "give the exact number of bytes, or an exact value with a unit"),
+    (GIB4, "4.29 GB", "wrong", "close (within 1%)"),
+    (GIB4, "4.2 GiB", "wrong", "too high"),  # a fraction of a GiB is whole bytes: no "whole number"
+    (GIB4, "3 GiB", "wrong", "too low"),
+    (GIB4, "4.5 bytes", "wrong", "whole number"),
+    (GIB4, "4 PB", "unreadable", "Can't read that as a number of bytes"),
+    (GIB4, "four GiB", "unreadable", "KiB, MiB, GiB, TiB are powers of 2"),
+    ({"kind": "number", "expected": 1536.0, "unit": "bytes"}, "1.5 KiB", "right", "Right"),
+    ({"kind": "number", "expected": 1536.0, "unit": "bytes"}, "1.5", "wrong", "the size in KiB"),
     ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25", "right", "Right"),
     ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.00001", "right", "Right"),
-    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "25.001", "wrong", "too high"),
-    ({"kind": "number", "expected": 25.0, "rtol": 1e-6}, "24.999", "wrong", "too low"),
     ({"kind": "number", "expected": 25.0}, "100*0.5^2", "right", "Right"),  # the default rtol
     ({"kind": "number", "expected": 25.0, "rtol": 0.06}, "24", "right", "Right"),
     ({"kind": "number", "expected": 0.0, "rtol": 1e-6}, "0", "right", "Right"),
@@ -427,6 +565,12 @@ def test_an_unknown_kind_is_an_error_not_a_verdict():
         "unknown self-check kind tuple")
 
 
+def test_an_unknown_unit_is_an_error_not_a_verdict():
+    assert in_node("""(() => { try { selfattnSelfCheck.judge({kind: "count", expected: 1,
+                      unit: "flops"}, "1"); return "no error"; } catch (e) { return e.message; }
+                      })()""") == "unknown self-check unit flops"
+
+
 def _attributes(check):
     box = _Widget(check.html()).first("div", **{"class": "selfattn-selfcheck"})
     return {k: v for k, v in box.items() if k.startswith("data-")}
@@ -437,7 +581,8 @@ def test_the_script_reads_what_the_module_writes_and_accepts_the_shown_answer():
     a fake element, and the answer as the disclosure shows it."""
     checks = [self_check("q?", 4_294_967_296, kind="count"), self_check("q?", 25.0),
               self_check("q?", 2.5, rtol=0.01), self_check("q?", (12, 5, 7), kind="shape"),
-              self_check("q?", 1 / 3)]
+              self_check("q?", 1 / 3), self_check("q?", 4_294_967_296, kind="count", unit="bytes"),
+              self_check("q?", 2**38, kind="count", hints={0.5: 'two "FLOPs" & more.'})]
     cases = []
     for check in checks:
         shown = re.search(r"<code>([^<]*)</code></details>", check.html()).group(1)
@@ -451,6 +596,8 @@ def test_the_script_reads_what_the_module_writes_and_accepts_the_shown_answer():
         assert spec["kind"] == check.kind
         assert spec["expected"] == (list(check.expected) if check.kind == "shape" else check.expected)
         assert spec.get("rtol") == check.rtol
+        assert spec.get("unit") == check.unit
+        assert spec["hints"] == [list(h) for h in check.hints]
         assert state == "right", (check, spec)
 
 

@@ -2,9 +2,11 @@
 server, browser and page loading).
 
 On every page, every self-check (src/selfattn/book/selfcheck.py, wired by assets/selfcheck.js):
-the script has wired it; a wrong answer gets "not yet" and what is off, without the answer; the
-expected value, read from its data attribute and typed as a reader would (Enter checks too), gets
-"right"; no JavaScript error. Each chapter page has as many self-checks as its notebook has
+the script has wired it; a wrong answer gets "not yet" and what is off, without the answer; a
+unit is refused unless the question is about bytes (data-unit), where the answer typed with
+"bytes" is right; an answer at a hint's factor (data-hints) gets that hint; the expected value,
+read from its data attribute and typed as a reader would (Enter checks too), gets "right"; no
+JavaScript error. Each chapter page has as many self-checks as its notebook has
 self-check cells, and the book at least ten. One self-check per page is read in the light and the
 dark theme: its text keeps a readable contrast against its background in both, and its colours
 follow the theme. One is screenshotted in each theme into _build/screenshots/.
@@ -38,10 +40,18 @@ def wrong(kind, expected):
     """A wrong answer, and what the verdict should say about it."""
     if kind == "shape":
         return "(" + ", ".join(str(n + (i == 0)) for i, n in enumerate(expected)) + ")", "shape[0]"
-    if kind == "count":
-        return str(expected + 1), "too high"
+    if kind == "count":  # far from the answer: near it (within 1 %) the verdict says "close"
+        return str(expected * 2 + 1), "too high"
     return repr(expected * 2 + 1 if expected >= 0 else expected * 2 - 1), (
         "too high" if expected >= 0 else "too low")
+
+
+def verdict(box, text):
+    """Type ``text`` into the self-check and click Check: its state and message."""
+    box.locator("input").fill(text)
+    box.locator("button").click()
+    status = box.locator('[role="status"]')
+    return status.get_attribute("data-state"), status.inner_text()
 
 
 # The contrast of each part's text against the colour behind it (the first ancestor with an
@@ -126,6 +136,20 @@ def test_every_self_check_gives_its_verdict_in_the_page(browser, server, name):
         assert status.get_attribute("data-state") == "wrong", f"{answer!r}: {message!r}"
         assert "Not yet" in message and hint in message, f"{answer!r}: {message!r}"
         assert typed(kind, expected) not in message and str(expected) not in message, message
+
+        unit = box.get_attribute("data-unit")
+        if kind != "shape":
+            state, message = verdict(box, "3 KiB")
+            if unit == "bytes":
+                assert state in ("right", "wrong"), f"3 KiB for a question about bytes: {message!r}"
+                assert verdict(box, f"{typed(kind, expected)} bytes")[0] == "right"
+            else:
+                assert unit is None
+                assert state == "unreadable" and "not bytes" in message, f"3 KiB: {message!r}"
+        for factor, hint in json.loads(box.get_attribute("data-hints") or "[]"):
+            at = factor * expected
+            state, message = verdict(box, f"{int(at)}" if kind == "count" else repr(at))
+            assert state == "wrong" and hint in message, f"{factor} x the answer: {message!r}"
 
         field.fill(typed(kind, expected))
         field.press("Enter")

@@ -18,14 +18,26 @@ The kinds, and what the page accepts (``assets/selfcheck.js``):
 
 * ``"number"``: a real number, right within a relative tolerance ``rtol`` (default
   :data:`DEFAULT_RTOL`); the reader may type ``0.25``, ``1,024``, ``1_024``, ``1e6``, ``2**20``,
-  ``2^20``, a product such as ``4 * 2**30``, or bytes as ``4 GiB`` (KiB, MiB, GiB, TiB);
+  ``2^20`` or a product such as ``4 * 2**30``;
 * ``"count"``: a whole number, right only when equal, typed in any of the forms above;
 * ``"shape"``: a tuple of whole numbers, right only when equal: ``(2, 8, 16)``, ``2, 8, 16``,
   ``[2, 8, 16]``, ``torch.Size([2, 8, 16])`` or ``2 x 8 x 16``.
 
-A wrong answer gets "not yet", with "too high" or "too low" for a number or a count, and for a
-shape whether the number of dimensions or which dimension differs; the answer itself stays behind
-a "show the answer" disclosure.
+A number or a count that is a size in bytes says so with ``unit="bytes"``: only then does the page
+accept a unit after it, ``3 MiB`` (KiB, MiB, GiB, TiB: powers of 2), ``3 MB`` (kB, MB, GB, TB:
+powers of 10) or ``bytes``; any other question refuses a unit, so that ``256 GiB`` is not a count
+of FLOPs.
+
+A wrong answer gets "not yet" and what is off, never the answer:
+
+* a number or a count within 1 % of the answer (:data:`CLOSE`) but not right, a rounded answer,
+  is "close": the reader is asked for the exact count or for more digits;
+* one that is the answer times a factor named in ``hints`` gets that hint (a FLOP count that is
+  half the answer: "a multiply-add counts as two FLOPs");
+* for bytes, a bare number that is the answer in KiB, MiB, GiB or TiB is asked for its unit, and
+  a decimal unit that would be right as the binary one (GB for GiB) says which is which;
+* otherwise "too high" or "too low"; for a shape, whether the number of dimensions or which
+  dimension differs. The answer itself stays behind a "show the answer" disclosure.
 """
 
 from __future__ import annotations
@@ -37,16 +49,20 @@ import math
 import numbers
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .viz import STATIC_ENV
 
 KINDS = ("number", "count", "shape")
+UNITS = ("bytes",)  # the units a number or a count may take (self_check's ``unit``)
 DEFAULT_RTOL = 1e-6  # a number is right within this relative tolerance, unless rtol says otherwise
+CLOSE = 0.01  # a wrong number or count within this relative distance is "close" (selfcheck.js)
 MAX_EXACT = 2**53 - 1  # the largest whole number JavaScript holds exactly (Number.MAX_SAFE_INTEGER)
 _PLACEHOLDER = {"number": "a number, e.g. 0.5, 1e6 or 2**20",
                 "count": "a whole number, e.g. 1,024 or 2**10",
-                "shape": "a shape, e.g. (2, 8, 16)"}
+                "shape": "a shape, e.g. (2, 8, 16)",
+                "bytes": "bytes, e.g. 1,536, 2**20 or 3 MiB"}
 
 
 @dataclass(frozen=True, repr=False)
@@ -57,6 +73,8 @@ class SelfCheck:
     expected: float | int | tuple[int, ...]
     kind: str
     rtol: float | None  # for kind "number" only
+    unit: str | None = None  # "bytes", or None: a plain number
+    hints: tuple[tuple[float, str], ...] = ()  # (factor, hint) for an answer = factor x expected
 
     def __repr__(self) -> str:  # never the answer: a printed object must not give it away
         return f"SelfCheck({self.kind}: {self.question!r})"
@@ -69,10 +87,14 @@ class SelfCheck:
     def html(self) -> str:
         """The widget of the static book: question, text box, Check button, verdict, answer."""
         ident = "selfattn-selfcheck-" + hashlib.sha1(
-            f"{self.kind}|{self.question}|{_data(self)}".encode()).hexdigest()[:12]
+            f"{self.kind}|{self.unit}|{self.question}|{_data(self)}".encode()).hexdigest()[:12]
         attributes = f'data-kind="{self.kind}" data-expected="{html.escape(_data(self))}"'
         if self.rtol is not None:
             attributes += f' data-rtol="{self.rtol!r}"'
+        if self.unit is not None:
+            attributes += f' data-unit="{self.unit}"'
+        if self.hints:
+            attributes += f' data-hints="{html.escape(json.dumps([list(h) for h in self.hints]))}"'
         return (
             f'<div class="selfattn-selfcheck" {attributes}>'
             f'<label class="selfattn-selfcheck-question" for="{ident}">'
@@ -80,7 +102,7 @@ class SelfCheck:
             f"{_inline(self.question)}</label>"
             '<div class="selfattn-selfcheck-row">'
             f'<input id="{ident}" type="text" autocomplete="off" spellcheck="false" '
-            f'autocapitalize="off" placeholder="{_PLACEHOLDER[self.kind]}">'
+            f'autocapitalize="off" placeholder="{_PLACEHOLDER[self.unit or self.kind]}">'
             '<button type="button" disabled>Check</button></div>'
             '<p class="selfattn-selfcheck-verdict" role="status" aria-live="polite"></p>'
             '<details class="selfattn-selfcheck-answer"><summary>Show the answer</summary>'
@@ -95,7 +117,8 @@ class SelfCheck:
 
 
 def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = "number",
-               rtol: float | None = None) -> SelfCheck:
+               rtol: float | None = None, unit: str | None = None,
+               hints: Mapping[float, str] | None = None) -> SelfCheck:
     """A self-check for the page: ``question``, answered by ``expected``.
 
     Args:
@@ -106,6 +129,13 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
         kind: ``"number"`` (right within ``rtol``), ``"count"`` or ``"shape"`` (right when equal).
         rtol: relative tolerance of a ``"number"`` (default :data:`DEFAULT_RTOL`); not taken by the
             exact kinds.
+        unit: ``"bytes"`` for a number or a count that is a size in bytes: the page then accepts
+            ``3 MiB``, ``3 MB`` or ``3 bytes``, and asks a bare number that is the answer in KiB,
+            MiB, GiB or TiB for its unit. ``None`` (the default): the answer is a plain number, and
+            the page refuses a unit after it.
+        hints: for a number or a count, ``{factor: hint}``: an answer equal to ``factor`` times
+            the expected value gets ``hint`` (``{0.5: "a multiply-add counts as two FLOPs."}``).
+            A hint names the slip, never the answer.
 
     Returns the :class:`SelfCheck` that Jupyter displays: the widget when ``SELFATTN_STATIC=1``
     (the book build), a one-line note without the answer otherwise (a live kernel).
@@ -113,7 +143,8 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
     Raises ``TypeError`` for an argument of the wrong type and ``ValueError`` for a wrong value: an
     empty question, an unknown kind, an expected value that is not finite, a count or a dimension
     below zero or beyond what the page's JavaScript holds exactly, ``rtol`` outside [0, 1) or
-    given for an exact kind.
+    given for an exact kind, an unknown unit, a unit or hints given for a shape, a hint's factor
+    that is not a positive finite number other than 1, or an empty hint.
     """
     if not isinstance(question, str):
         raise TypeError(f"question must be a str, got {type(question).__name__}")
@@ -149,7 +180,37 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
                 raise ValueError("a shape's expected value needs at least one dimension")
             expected = tuple(_whole(n, f"dimension {i} of the shape", minimum=0)
                              for i, n in enumerate(expected))
-    return SelfCheck(question, expected, kind, rtol)
+    if unit is not None:
+        if not isinstance(unit, str):
+            raise TypeError(f"unit must be a str, one of {UNITS}, got {type(unit).__name__}")
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS} or None, got {unit!r}")
+        if kind == "shape":
+            raise ValueError("unit is for a number or a count, not a shape")
+    return SelfCheck(question, expected, kind, rtol, unit, _hints(hints, kind))
+
+
+def _hints(hints: object, kind: str) -> tuple[tuple[float, str], ...]:
+    if hints is None:
+        return ()
+    if not isinstance(hints, Mapping):
+        raise TypeError(f"hints must be a dict {{factor: hint}}, got {type(hints).__name__}")
+    if hints and kind == "shape":
+        raise ValueError("hints are for a number or a count, not a shape")
+    out = []
+    for factor, hint in hints.items():
+        if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
+            raise TypeError(f"a hint's factor must be a number, got {factor!r}")
+        if not math.isfinite(factor) or factor <= 0 or factor == 1:
+            raise ValueError(f"a hint's factor must be a positive finite number other than 1, "
+                             f"got {factor!r}")
+        if not isinstance(hint, str):
+            raise TypeError(f"a hint must be a str, got {type(hint).__name__}")
+        hint = " ".join(hint.split())
+        if not hint:
+            raise ValueError(f"the hint for factor {factor!r} is empty")
+        out.append((float(factor), hint))
+    return tuple(out)
 
 
 def _whole(n: object, what: str, minimum: int | None = None) -> int:
