@@ -171,6 +171,10 @@ MINILM_SENTENCES = [  # the test's own: punctuation, an accent, a made-up word, 
 TYPED = "the quick brown fox jumps over the lazy dog, then sleeps all day"  # 16 word pieces
 
 
+def thumbs_visible(root):
+    return root.locator("canvas.selfattn-live-thumb").first.is_visible()
+
+
 def test_minilm_runs_live_behind_a_button_and_equals_pytorch(browser, server):
     from selfattn.book import pretrained
 
@@ -220,6 +224,17 @@ def test_minilm_runs_live_behind_a_button_and_equals_pytorch(browser, server):
           f"from PyTorch {worst:.1e} on {len(MINILM_SENTENCES)} sentences; {len(timings)} runs "
           f"for {len(TYPED)} keys; at 16 word pieces (benchmark, not asserted): inference "
           f"median {median:.1f} ms, keystroke to drawn median {total_median:.1f} ms")
+
+    # an empty or too long box shows a message, not the view of an earlier text
+    canvas = root.locator("canvas.selfattn-live-canvas")
+    for text, says in [("", "Type a sentence"), ("word " * 60, "at most 48")]:
+        text_box.fill(text)
+        page.wait_for_timeout(300)
+        assert says in root.locator(".selfattn-live-message").inner_text(), text
+        assert not canvas.is_visible() and not thumbs_visible(root)
+    text_box.fill(TYPED)
+    page.wait_for_function("document.querySelector('div.selfattn-live[data-live=\"ch10-minilm\"] "
+                           "canvas.selfattn-live-canvas').offsetParent !== null", timeout=30_000)
 
     thumbs = root.locator("canvas.selfattn-live-thumb")
     assert thumbs.count() == spec["layers"] * spec["heads"]
