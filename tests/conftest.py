@@ -45,6 +45,10 @@ def pytest_terminal_summary(terminalreporter):
     shots = build / "screenshots"
     if shots.is_dir() and any(shots.iterdir()):
         terminalreporter.write_line(f"screenshots of the built book's pages: {shots}")
+    bench = build / "live-benchmark.txt"
+    if bench.exists() and bench.stat().st_mtime > STARTED:
+        terminalreporter.write_line("chapter 10's live MiniLM, measured in the browser test:")
+        terminalreporter.write_line("  " + bench.read_text().strip())
     weights = build / "page-weights.txt"
     if weights.exists() and weights.stat().st_mtime > STARTED:  # written by this run
         terminalreporter.write_line("what each page transfers as it loads (page-weights.txt):")
