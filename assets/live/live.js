@@ -392,6 +392,12 @@
     });
   }
 
+  // one head's (T, T) rows out of the model's flat (layers, heads, T, T) output
+  function headRows(data, T, layer, head, H) {
+    const base = (layer * H + head) * T * T;
+    return [...Array(T).keys()].map((i) => Array.from(data.subarray(base + i * T, base + (i + 1) * T)));
+  }
+
   // the weights (layer, head, query, key) of one head as a small picture: one pixel a cell
   function drawThumbnail(canvas, data, T, layer, head, H, colors) {
     canvas.width = T; canvas.height = T;
@@ -464,17 +470,8 @@
         explorer.attention = async (text) => {
           const { ids, tokens } = tokenizer.encode(text);
           const r = await run(ids);
-          const { T, L, H } = { T: r.T, L: spec.layers, H: spec.heads };
-          const weights = [];
-          for (let l = 0; l < L; l++) {
-            const heads = [];
-            for (let h = 0; h < H; h++) {
-              const rows = [];
-              for (let i = 0; i < T; i++) rows.push(Array.from(r.attentions.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)));
-              heads.push(rows);
-            }
-            weights.push(heads);
-          }
+          const weights = [...Array(spec.layers).keys()].map((l) =>
+            [...Array(spec.heads).keys()].map((h) => headRows(r.attentions, r.T, l, h, spec.heads)));
           return { tokens, ids, weights, ms: r.ms };
         };
         button.remove();
@@ -525,9 +522,7 @@
       function draw() {
         if (!last) return;
         const { data, T, tokens, ms } = last, l = Number(layer.value), h = Number(head.value);
-        const rows = [];
-        for (let i = 0; i < T; i++) rows.push(Array.from(data.subarray(((l * H + h) * T + i) * T, ((l * H + h) * T + i + 1) * T)));
-        drawHeatmap(canvas, rows, tokens, null, spec.colors, `layer ${l}, head ${h}`);
+        drawHeatmap(canvas, headRows(data, T, l, h, H), tokens, null, spec.colors, `layer ${l}, head ${h}`);
         canvas.setAttribute("aria-label", `MiniLM attention, layer ${l}, head ${h}: ${tokens.join(" ")}`);
         for (const [t, tl, th] of thumbs) {
           drawThumbnail(t, data, T, tl, th, H, spec.colors);

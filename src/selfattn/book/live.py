@@ -138,13 +138,18 @@ def tagger_spec(name: str, taggers: Mapping[str, AttentionTagger], words: Sequen
                  models=models)
 
 
-def _spec(name: str, kind: str, words: list[str | None], sentences: Sequence[str],
-          max_tokens: int, **rest: object) -> dict:
+def _check_name_and_sentences(name: str, sentences: Sequence[str]) -> list[str]:
     if not re.fullmatch(r"[a-z0-9-]+", name):
         raise ValueError(f"name must be lowercase letters, digits and dashes, got {name!r}")
     sentences = list(sentences)
     if not sentences:
         raise ValueError("sentences must hold at least one example sentence")
+    return sentences
+
+
+def _spec(name: str, kind: str, words: list[str | None], sentences: Sequence[str],
+          max_tokens: int, **rest: object) -> dict:
+    sentences = _check_name_and_sentences(name, sentences)
     spec = {"name": name, "kind": kind, "words": words, "sentences": sentences,
             "max_tokens": max_tokens, "colors": _colormap(), **rest}
     for s in sentences:
@@ -220,11 +225,7 @@ def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
     size = {"model": (vendor / MINILM_FILES["model"]).stat().st_size,
             "vocab": (vendor / MINILM_FILES["vocab"]).stat().st_size,
             "runtime": sum((vendor / f).stat().st_size for f in MINILM_FILES["runtime"])}
-    sentences = list(sentences)
-    if not sentences:
-        raise ValueError("sentences must hold at least one example sentence")
-    if not re.fullmatch(r"[a-z0-9-]+", name):
-        raise ValueError(f"name must be lowercase letters, digits and dashes, got {name!r}")
+    sentences = _check_name_and_sentences(name, sentences)
     from .pretrained import BertConfig, find_model_dir
 
     config = BertConfig.from_json(find_model_dir() / "config.json")
