@@ -1,4 +1,4 @@
-/* The book's self-checks, checked in the page with no kernel (src/selfattn/book/selfcheck.py
+/* The book's self-checks, checked in the page with no kernel (src/selfattn/book/kit/selfcheck.py
    writes their HTML: a div.selfattn-selfcheck with data-kind, data-expected and, as needed,
    data-rtol (a number), data-unit ("bytes") and data-hints (JSON [[factor, hint], ...]); a text
    box, a Check button and a verdict line with role="status").

@@ -4,7 +4,7 @@ tools/colab_env.py links this file into the IPYTHONDIR of .venv/colab, where ipy
 Colab's 7.7.1, so every kernel that nbval starts there runs it first. When the environment
 variable SELFATTN_HARNESS_REPORT names a file, then after every cell it appends one JSON line:
 
-* ``explorers``: each live explorer (``selfattn.book.viz.explorer``) the cell displayed, driven the way
+* ``explorers``: each live explorer (``selfattn.book.kit.viz.explorer``) the cell displayed, driven the way
   a reader's browser would: every control set to each of its values in turn (did the picture
   change each time?), then bad sentences typed into its text box (did a message replace the
   picture, and did the picture come back?);

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.book.data import tagging_task
-from selfattn.book.models import AttentionTagger
+from selfattn.book.tagging import AttentionTagger, tagging_task
 from selfattn.positional import LearnedPositionalEmbedding, apply_rope, sinusoidal_encoding
 
 sdpa = selfattn.scaled_dot_product_attention

@@ -8,11 +8,12 @@ import torch
 
 import selfattn
 from selfattn import fastpaths
-from selfattn.book import baselines, bench, measure
+from selfattn.book import bench, multi_head, performance
+from selfattn.book.kit import measure
 
 
 def test_attention_benchmark_rows_and_their_ratios():
-    rows = bench.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
+    rows = performance.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
                                      min_sample_s=0.001)
     assert {r["mode"] for r in rows} == {"forward", "forward+backward", "inference, causal"}
     for r in rows:
@@ -24,7 +25,7 @@ def test_attention_benchmark_rows_and_their_ratios():
             assert r["vs_sdpa"] == 1.0
         assert r["ms"] > 0 and r["gflops"] > 0
     assert "plain matmul attention" in {r["variant"] for r in rows}
-    assert {r["mode"] for r in rows if r["variant"] == bench.FLOOR} == {
+    assert {r["mode"] for r in rows if r["variant"] == performance.FLOOR} == {
         "forward", "forward+backward", "inference, causal"}
     # causal inference counts only the products the mask keeps: 16 * 17 / 2 of the 16^2 scores
     sdpa = next(r for r in rows if r["mode"] == "inference, causal" and r["level"] == "core")
@@ -37,12 +38,12 @@ def test_decode_bytes_and_a_tiny_decode_benchmark():
     mqa = measure.decode_bytes(1024, 16, 1, context=16384)
     assert mha["cache"] == 2 * 16 * 16384 * 64 * 4 and mha["cache"] == 16 * mqa["cache"]
     assert mha["weights"] == 4 * 1024 * 1024 * 4
-    rows = bench.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
+    rows = multi_head.decode_benchmark([8, 16], d_model=32, n_heads=4, kv_heads=(4, 2, 1),
                                   bare=True, repeats=2, warmup=1)
     assert {r["variant"] for r in rows} == {"MHA", "GQA-2", "MQA", "GQA-2 naive", "MQA naive",
                                             "MHA bare", "MQA bare"}
     assert all(r["ms_per_token"] > 0 for r in rows)
-    assert "MQA naive" in bench.decode_table(rows)
+    assert "MQA naive" in multi_head.decode_table(rows)
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -51,29 +52,29 @@ def test_the_bare_decode_step_computes_what_the_layer_computes(monkeypatch, n_kv
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # split the cache as on 4 cores
     torch.manual_seed(0)
     m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
-    cache_a, x = bench._decode_inputs(m, context)
-    cache_b, _ = bench._decode_inputs(m, context)
+    cache_a, x = multi_head._decode_inputs(m, context)
+    cache_b, _ = multi_head._decode_inputs(m, context)
     with torch.no_grad():
         for _ in range(2):  # an odd cache length, then an even one
             x = torch.randn(1, 1, 32)
-            torch.testing.assert_close(baselines.bare_decode_step(m, x, cache_a),
+            torch.testing.assert_close(multi_head.bare_decode_step(m, x, cache_a),
                                        m(x, is_causal=True, kv_cache=cache_b)[0])
     assert cache_a.length == cache_b.length == context + 2
 
 
 def test_the_bare_decode_step_refuses_what_it_does_not_compute():
-    cache, x = bench._decode_inputs(selfattn.MultiHeadAttention(32, 4).eval(), 3)
+    cache, x = multi_head._decode_inputs(selfattn.MultiHeadAttention(32, 4).eval(), 3)
     for layer, token in [(selfattn.MultiHeadAttention(32, 4, rope=True).eval(), x),
                          (selfattn.MultiHeadAttention(32, 4), x),
                          (selfattn.MultiHeadAttention(32, 4).eval(), x.expand(1, 2, 32))]:
         with pytest.raises(ValueError, match="one token"):
-            baselines.bare_decode_step(layer, token, cache)
+            multi_head.bare_decode_step(layer, token, cache)
 
 
 def test_the_naive_decode_step_copies_the_cache_and_computes_the_same():
     m = selfattn.MultiHeadAttention(32, 4, n_kv_heads=2).eval()
-    cache_a, x = bench._decode_inputs(m, 9)
-    cache_b, _ = bench._decode_inputs(m, 9)
+    cache_a, x = multi_head._decode_inputs(m, 9)
+    cache_b, _ = multi_head._decode_inputs(m, 9)
     with torch.no_grad():
         grouped = m(x, is_causal=True, kv_cache=cache_b)[0]
         with fastpaths.disabled("grouped_heads"):
@@ -85,7 +86,7 @@ def test_the_naive_decode_step_copies_the_cache_and_computes_the_same():
 
 
 def test_a_tiny_fastpath_benchmark_has_a_row_per_path():
-    rows = bench.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8, d_model=16,
+    rows = performance.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8, d_model=16,
                                     contexts=(16, 16))
     assert sorted(r["fast path"] for r in rows) == sorted(fastpaths.ENABLED)
     assert all(r["ms with"] > 0 and r["ms without"] > 0 and r["speed-up"] > 0 for r in rows)
@@ -93,7 +94,7 @@ def test_a_tiny_fastpath_benchmark_has_a_row_per_path():
 
 
 def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tiled_targets():
-    rows = bench.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
+    rows = performance.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
                                    repeats=2, min_sample_s=0.001)
     assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
         (T, v) for T in (16, 32) for v in ("tiled (selfattn)", "explicit (selfattn)",
@@ -112,7 +113,7 @@ def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tile
 def test_a_tiny_training_benchmark_has_every_variant_at_every_length_and_its_targets(tiny):
     rows = tiny["training"]
     assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
-        (T, v) for T in (16, 32) for v in bench.TRAINING_VARIANTS)
+        (T, v) for T in (16, 32) for v in performance.TRAINING_VARIANTS)
     assert all(r["fwd_bwd_ms"] > 0 and r["saved_mb"] > 0 for r in rows)
     # the fresh process measures only the lengths asked for
     assert [r["process_peak_mb"] is None for r in rows] == [T == 16 for T in (16,) * 3 + (32,) * 3]
@@ -148,15 +149,15 @@ def test_the_printer_says_met_or_missed_with_three_decimals(capsys):
 def tiny() -> dict[str, list[dict]]:
     """Every benchmark of make bench, run tiny (decode with 16 query heads: MHA, GQA-4, MQA)."""
     return {
-        "attention": bench.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
+        "attention": performance.attention_benchmark(batch=1, T=16, d_model=16, n_heads=2, repeats=3,
                                                min_sample_s=0.001),
-        "fastpaths": bench.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8,
+        "fastpaths": performance.fastpath_benchmark(repeats=2, min_sample_s=0.001, batch=2, T=8,
                                               d_model=16, contexts=(16, 16)),
-        "scaling": bench.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
+        "scaling": performance.scaling_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, block_size=8,
                                            repeats=2, min_sample_s=0.001),
-        "decode": bench.decode_benchmark([8, 16], d_model=64, n_heads=16, kv_heads=(16, 4, 1),
+        "decode": multi_head.decode_benchmark([8, 16], d_model=64, n_heads=16, kv_heads=(16, 4, 1),
                                          bare=True, repeats=2, warmup=1),
-        "training": bench.training_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, repeats=2,
+        "training": performance.training_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, repeats=2,
                                              min_sample_s=0.001, process_lengths=(32,)),
     }
 
@@ -180,7 +181,9 @@ def test_the_causal_weights_rows_and_their_targets(tiny):
     rows = tiny["attention"]
     causal = {(r["mode"], r["variant"]) for r in rows if r["causal"]}
     for mode in ("forward", "forward+backward"):
-        assert {(mode, bench.WEIGHTS + bench.CAUSAL), (mode, bench.TORCH_WEIGHTS + bench.CAUSAL)} == {
+        weights = performance.WEIGHTS + performance.CAUSAL
+        torch_weights = performance.TORCH_WEIGHTS + performance.CAUSAL
+        assert {(mode, weights), (mode, torch_weights)} == {
             key for key in causal if key[0] == mode}
     assert all(r["causal"] for r in rows if r["mode"] == "inference, causal")
     ms = {(r["mode"], r["variant"]): r["ms"] for r in rows}
@@ -188,16 +191,17 @@ def test_the_causal_weights_rows_and_their_targets(tiny):
     for mode, short, goal in [("forward", "forward", 1.10), ("forward+backward", "fwd+bwd", 1.10)]:
         t = targets[f"causal weights / nn.MHA(need_weights=True), {short}"]
         assert (t.op, t.goal) == ("<=", goal)
-        assert t.ratio == ms[(mode, bench.WEIGHTS + bench.CAUSAL)] / ms[(mode, bench.TORCH_WEIGHTS
-                                                                               + bench.CAUSAL)]
+        assert t.ratio == ms[(mode, weights)] / ms[(mode, performance.TORCH_WEIGHTS
+                                                                               + performance.CAUSAL)]
     t = targets["causal weights / nn.MHA(need_weights=True), inference"]
     assert (t.op, t.goal) == ("<=", 0.9)
-    assert t.ratio == (ms[("inference, causal", bench.WEIGHTS + bench.CAUSAL)]
-                       / ms[("inference, causal", bench.TORCH_WEIGHTS + bench.CAUSAL)])
+    assert t.ratio == (ms[("inference, causal", performance.WEIGHTS + performance.CAUSAL)]
+                       / ms[("inference, causal", performance.TORCH_WEIGHTS + performance.CAUSAL)])
     # every inference call is causal: the weights' times sit in the ", causal" rows
-    assert ("inference, causal", bench.WEIGHTS) not in ms
+    assert ("inference, causal", performance.WEIGHTS) not in ms
     # a causal row counts only the products the mask keeps, as the inference rows do
-    row = next(r for r in rows if r["mode"] == "forward" and r["variant"] == bench.WEIGHTS + bench.CAUSAL)
+    causal_weights = performance.WEIGHTS + performance.CAUSAL
+    row = next(r for r in rows if r["mode"] == "forward" and r["variant"] == causal_weights)
     dropped = measure.attention_flops(16, 16, 8, 2, 1) * 15 / 32
     assert abs(row["gflops"] * row["ms"] * 1e6 - (measure.mha_flops(1, 16, 16) - dropped)) < 1e-3 * 1e6
 
@@ -232,7 +236,7 @@ def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, mon
     out = capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "attention.csv", "bench.png", "decode.csv", "fastpaths.csv", "scaling.csv", "training.csv"]
-    assert bench.cpu_model() in out[0] and f"{torch.get_num_threads()} threads" in out[0]
+    assert performance.cpu_model() in out[0] and f"{torch.get_num_threads()} threads" in out[0]
     expected = [bench.format_target(t) for t in _all_targets(tiny)]
     assert [line for line in out if "  target " in line] == expected
     met = sum(" met" in line.split("  target ")[1] for line in expected)
@@ -242,7 +246,7 @@ def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, mon
 
 def test_decode_benchmark_builds_its_layers_and_caches_on_the_device_it_is_given(device,
                                                                                  monkeypatch):
-    seen, original = [], bench._decode_inputs
+    seen, original = [], multi_head._decode_inputs
 
     def spy(model, context, seed=0):
         cache, x = original(model, context, seed)
@@ -251,8 +255,8 @@ def test_decode_benchmark_builds_its_layers_and_caches_on_the_device_it_is_given
         seen.append({next(model.parameters()).device.type, x.device.type, k.device.type})
         return cache, x
 
-    monkeypatch.setattr(bench, "_decode_inputs", spy)
-    rows = bench.decode_benchmark([8], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
+    monkeypatch.setattr(multi_head, "_decode_inputs", spy)
+    rows = multi_head.decode_benchmark([8], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
                                   warmup=0, device=device)
     assert len(seen) == 3 and all(s == {torch.device(device).type} for s in seen)
     assert [r["variant"] for r in rows] == ["MHA", "MQA", "MQA naive"]
@@ -263,7 +267,7 @@ def test_decode_benchmark_builds_its_layers_and_caches_on_the_device_it_is_given
 def test_decode_benchmark_records_whether_the_split_of_the_keys_ran(monkeypatch, threads):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # split as on `threads` cores
     monkeypatch.setattr(fastpaths, "SPLIT_KV_MIN_KEYS", 16)  # a tiny cache is "long"
-    rows = bench.decode_benchmark([8, 32], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
+    rows = multi_head.decode_benchmark([8, 32], d_model=32, n_heads=4, kv_heads=(4, 1), repeats=1,
                                   warmup=0)
     ran = {(r["context"], r["variant"]): r["split_kv"] for r in rows}
     # MQA's one key/value head splits from 16 keys on 4 threads; MHA's 4 heads give 1 per thread

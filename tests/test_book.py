@@ -93,7 +93,7 @@ def exercises(path):
     found = []
     for i, c in enumerate(all_cells):
         text = source(c)
-        if c["cell_type"] == "code" and "selfattn.book.exercises.check_" in text:
+        if c["cell_type"] == "code" and re.search(r"selfattn\.book\.\w+\.check_", text):
             solution = source(all_cells[i + 1])
             code = re.search(r"<details>.*?```python\n(.*?)```.*?</details>", solution, re.S)
             assert code, f"the check {text!r} needs a folded solution right after it"

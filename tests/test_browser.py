@@ -302,8 +302,8 @@ def working_explorers(page):
 
 
 def check_diagrams(page, name):
-    """Every schematic diagram (selfattn.book.diagrams) is shown with its alt text; the page is
-    screenshotted again in the dark theme, where the diagrams keep their white card."""
+    """Every schematic diagram (drawn with selfattn.book.kit.draw) is shown with its alt text; the
+    page is screenshotted again in the dark theme, where the diagrams keep their white card."""
     alts = page.evaluate("""() => [...document.querySelectorAll("img.selfattn-diagram")]
         .filter(i => i.offsetParent !== null).map(i => i.alt.trim())""")
     assert all(len(alt) > 20 for alt in alts), f"{name}: a diagram without alt text: {alts}"

@@ -87,7 +87,7 @@ def test_installing_the_package_adds_nothing_but_selfattn(colab_python, tmp_path
 
 
 def test_a_static_explorer_on_ipywidgets_7_says_what_it_needs(colab_python):
-    code = ("import selfattn.book.viz as v\n"
+    code = ("import selfattn.book.kit.viz as v\n"
             "try:\n"
             "    v.explorer(lambda s: v.View([[1.0]], ['a']), {'s': [1]}, static=True)\n"
             "except RuntimeError as e:\n"

@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 import selfattn
-import selfattn.book.exercises as ex
 from selfattn import BlockPool, KVCache, MultiHeadAttention, PagedKVCache
-from selfattn.book import bench
-from selfattn.book.exercises import build
-from selfattn.book.measure import decode_bytes
-from selfattn.book.models import DecoderBlock, TinyDecoder
+from selfattn.book import decoding
+from selfattn.book.decoding import DecoderBlock, TinyDecoder
+from selfattn.book.kit.checkers import WIDTH
+from selfattn.book.kit.measure import decode_bytes
 
 V, D, H, LAYERS = 40, 32, 4, 2
 T = 13
@@ -151,7 +150,7 @@ def test_bad_sizes_are_refused(kwargs, match):
 def race():
     torch.manual_seed(0)
     model = TinyDecoder(V, D, H, LAYERS)  # float32, as the chapter runs it
-    return model, bench.cache_vs_recompute(model, tokens(batch=2, n=5), 12, repeats=2)
+    return model, decoding.cache_vs_recompute(model, tokens(batch=2, n=5), 12, repeats=2)
 
 
 def test_both_ways_generate_the_same_tokens(race):
@@ -193,7 +192,7 @@ def test_the_race_with_paged_caches_gives_the_same_tokens():
     torch.manual_seed(3)
     model = TinyDecoder(V, D, H, LAYERS, n_kv_heads=1)
     pool = BlockPool(64, 4, 1, D // H)
-    r = bench.cache_vs_recompute(model, tokens(batch=1, n=4), 6, repeats=1,
+    r = decoding.cache_vs_recompute(model, tokens(batch=1, n=4), 6, repeats=1,
                                  make_cache=PagedKVCache, pool=pool)
     assert r.same_tokens and r.cached_generated.shape == (1, 6)
 
@@ -201,21 +200,21 @@ def test_the_race_with_paged_caches_gives_the_same_tokens():
 def test_the_race_leaves_the_models_mode_and_refuses_bad_input():
     torch.manual_seed(0)
     model = TinyDecoder(V, D, H, 1).train()
-    bench.cache_vs_recompute(model, tokens(batch=1, n=3), 2, repeats=1)
+    decoding.cache_vs_recompute(model, tokens(batch=1, n=3), 2, repeats=1)
     assert model.training
     for args, error, match in [((nn.Linear(2, 2), tokens(), 4), TypeError, "TinyDecoder"),
                                ((model, tokens()[0], 4), ValueError, "prompt"),
                                ((model, tokens(), 1), ValueError, "n_new"),
                                ((model, tokens(), 4, 0), ValueError, "repeats")]:
         with pytest.raises(error, match=match):
-            bench.cache_vs_recompute(*args)
+            decoding.cache_vs_recompute(*args)
 
 
 # --- block_step_benchmark ---------------------------------------------------------------------
 
 def test_block_step_benchmark_rows():
     state = torch.random.get_rng_state()
-    rows = bench.block_step_benchmark(contexts=(8, 32), batches=(1, 3), d_model=16, n_heads=4,
+    rows = decoding.block_step_benchmark(contexts=(8, 32), batches=(1, 3), d_model=16, n_heads=4,
                                       kv_heads=(4, 2, 1), repeats=2, warmup=1)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert [(r["context"], r["batch"], r["variant"]) for r in rows] == [
@@ -225,7 +224,7 @@ def test_block_step_benchmark_rows():
         mha = decode_bytes(16, 4, 4, r["context"], 4, 4, 64, r["batch"])["total"]
         assert r["mb"] == read / 2**20 and r["bytes_vs_mha"] == mha / read
         assert r["ms"] > 0 and r["speedup_vs_mha"] > 0
-    assert "bytes bound" in bench.block_step_table(rows)
+    assert "bytes bound" in decoding.block_step_table(rows)
 
 
 # --- the checkers -----------------------------------------------------------------------------
@@ -244,7 +243,7 @@ def verdict(capsys, checker, answer):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines and lines[0].startswith(("✓ Correct: ", "✗ Not yet: ")), out
-    assert all(len(line) <= ex.scaffold.WIDTH for line in lines), out
+    assert all(len(line) <= WIDTH for line in lines), out
     return ok, " ".join(line.strip() for line in lines)
 
 
@@ -310,7 +309,7 @@ def edited(code, edits):
 
 def test_uptraining_the_right_answer_passes_and_prints_its_numbers(capsys):
     state = torch.random.get_rng_state()
-    ok, out = verdict(capsys, ex.check_uptraining, run(UPTRAINING))
+    ok, out = verdict(capsys, decoding.check_uptraining, run(UPTRAINING))
     assert ok is True, out
     assert "MHA tagger gets" in out and "after 5% more steps" in out
     assert torch.equal(torch.random.get_rng_state(), state)
@@ -318,13 +317,13 @@ def test_uptraining_the_right_answer_passes_and_prints_its_numbers(capsys):
 
 @pytest.mark.parametrize(("edits", "hint"), UPTRAINING_MISTAKES, ids=[m[1][:30] for m in UPTRAINING_MISTAKES])
 def test_uptraining_mistakes_get_their_hint(edits, hint, capsys):
-    ok, out = verdict(capsys, ex.check_uptraining, run(edited(UPTRAINING, edits)))
+    ok, out = verdict(capsys, decoding.check_uptraining, run(edited(UPTRAINING, edits)))
     assert ok is False and hint in out, out
 
 
 @pytest.mark.parametrize(("code", "hint"), UPTRAINING_WRITTEN)
 def test_uptraining_written_mistakes_get_their_hint(code, hint, capsys):
-    ok, out = verdict(capsys, ex.check_uptraining, run(code))
+    ok, out = verdict(capsys, decoding.check_uptraining, run(code))
     assert ok is False and hint in out, out
 
 
@@ -346,11 +345,11 @@ def test_uptraining_pools_the_heads_that_repeat_kv_groups():
                                    "def answer(*args):\n    raise NotImplementedError('your code here')\n"])
 @pytest.mark.parametrize("checker", ["check_uptraining", "check_cache_bug"])
 def test_blank_answers_fail_without_raising(checker, blank, capsys):
-    ok, out = verdict(capsys, getattr(ex, checker), None if blank is None else run(blank))
+    ok, out = verdict(capsys, getattr(decoding, checker), None if blank is None else run(blank))
     assert ok is False and out.startswith("✗ Not yet: ")
 
 
-FIXED = textwrap.dedent(inspect.getsource(build.buggy_decode)).replace(
+FIXED = textwrap.dedent(inspect.getsource(decoding.buggy_decode)).replace(
     "def buggy_decode", "def decode").replace(
     "is_causal=True)  # (B, H, n, hd)", "attn_mask=causal_mask(n, start + n, offset=start))")
 IMPORTS = ("from torch import Tensor\nfrom selfattn import MultiHeadAttention, causal_mask, "
@@ -397,15 +396,15 @@ def test_the_buggy_decode_is_right_for_the_first_chunk_only():
     x = torch.randn(2, 7, 16)
     with torch.no_grad():
         want, _ = layer(x, is_causal=True)
-        got = build.buggy_decode(layer, x, [4, 1, 2])
+        got = decoding.buggy_decode(layer, x, [4, 1, 2])
     torch.testing.assert_close(got[:, :4], want[:, :4])
     assert not torch.allclose(got[:, 4:], want[:, 4:], atol=1e-3)
-    assert build.buggy_decode is ex.buggy_decode
+    assert decoding.buggy_decode is decoding.buggy_decode
 
 
 def test_cache_bug_the_fix_and_the_librarys_own_cache_pass(capsys):
     state = torch.random.get_rng_state()
-    ok, out = verdict(capsys, ex.check_cache_bug, run(CACHE_FIX))
+    ok, out = verdict(capsys, decoding.check_cache_bug, run(CACHE_FIX))
     assert ok is True, out
     assert torch.equal(torch.random.get_rng_state(), state)
     library = '''
@@ -418,31 +417,30 @@ def decode(layer, x, chunks):
 
 answer = decode
 '''
-    ok, out = verdict(capsys, ex.check_cache_bug, run(library))
+    ok, out = verdict(capsys, decoding.check_cache_bug, run(library))
     assert ok is True, out
 
 
 @pytest.mark.parametrize(("edits", "hint"), CACHE_MISTAKES, ids=[m[1][:30] for m in CACHE_MISTAKES])
 def test_cache_bug_mistakes_get_their_hint(edits, hint, capsys):
-    ok, out = verdict(capsys, ex.check_cache_bug, run(edited(CACHE_FIX, edits)))
+    ok, out = verdict(capsys, decoding.check_cache_bug, run(edited(CACHE_FIX, edits)))
     assert ok is False and hint in out, out
 
 
 @pytest.mark.parametrize(("code", "hint"), CACHE_WRITTEN, ids=[m[1][:30] for m in CACHE_WRITTEN])
 def test_cache_bug_written_mistakes_get_their_hint(code, hint, capsys):
-    ok, out = verdict(capsys, ex.check_cache_bug, run(code))
+    ok, out = verdict(capsys, decoding.check_cache_bug, run(code))
     assert ok is False and hint in out, out
 
 
 def test_the_checkers_are_exported_and_documented():
     for name in ("check_uptraining", "check_cache_bug"):
-        assert name in ex.__all__ and getattr(ex, name) is getattr(build, name)
-        assert getattr(ex, name).__doc__.startswith("Chapter 11, build-it exercise")
+        assert getattr(decoding, name).__doc__.startswith("Chapter 11, build-it exercise")
 
 
 def test_uptraining_recovery_runs_on_a_tiny_budget():
-    arms = build.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
+    arms = decoding.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
     assert list(arms) == ["MHA", "pooled", "random K/V", "pooled, uptrained", "random K/V, uptrained"]
     assert all(len(v) == 2 and all(0 <= a <= 1 for a in v) for v in arms.values())
-    again = build.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
+    again = decoding.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
     assert again == arms  # seeded

@@ -1,5 +1,5 @@
 """The attention-sink experiment of the chapter "Decoding in practice": the sink task
-(``selfattn.book.data.sink_task``) and its measures in ``selfattn.book.measure`` (accuracy under
+(``selfattn.book.decoding.sink_task``) and its measures in ``selfattn.book.decoding`` (accuracy under
 a cache that keeps only some keys, each head's share on position 0, the experiment itself on a
 configuration small enough to train in a second)."""
 
@@ -9,20 +9,21 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.book import data, measure
-from selfattn.book.models import AttentionTagger
+from selfattn.book import decoding
+from selfattn.book.kit import train
+from selfattn.book.tagging import AttentionTagger
 
 # --- the sink task ----------------------------------------------------------------------------
 
 
 def test_sink_task_shapes_and_tags():
-    task = data.sink_task(200, seq_len=20, vocab_size=12, n_triggers=4, lag=3, n_filler_tags=5,
+    task = decoding.sink_task(200, seq_len=20, vocab_size=12, n_triggers=4, lag=3, n_filler_tags=5,
                           seed=7)
     assert task.tokens.shape == task.tags.shape == task.trigger.shape == (200, 20)
     assert task.trigger.dtype == torch.bool
     assert (task.vocab_size, task.n_tags, task.lag, task.n_triggers, task.bos) == \
         (12, 17, 3, 4, True)
-    assert (task.tokens[:, 0] == data.BOS).all()
+    assert (task.tokens[:, 0] == decoding.BOS).all()
     assert ((task.tokens[:, 1:] >= 1) & (task.tokens[:, 1:] < 12)).all()
     assert int(task.tags.max()) < task.n_tags and int(task.tags.min()) >= 0
     for n in range(200):  # every tag, by the rule the docstring states
@@ -37,17 +38,17 @@ def test_sink_task_shapes_and_tags():
 
 
 def test_sink_task_is_deterministic():
-    a, b = data.sink_task(50, seed=3), data.sink_task(50, seed=3)
+    a, b = decoding.sink_task(50, seed=3), decoding.sink_task(50, seed=3)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tags, b.tags)
     assert torch.equal(a.trigger, b.trigger)
-    assert not torch.equal(a.tokens, data.sink_task(50, seed=4).tokens)
+    assert not torch.equal(a.tokens, decoding.sink_task(50, seed=4).tokens)
 
 
 def test_the_control_changes_position_0_only():
-    with_bos = data.sink_task(300, seq_len=16, lag=2, seed=11)
-    control = data.sink_task(300, seq_len=16, lag=2, bos=False, seed=11)
+    with_bos = decoding.sink_task(300, seq_len=16, lag=2, seed=11)
+    control = decoding.sink_task(300, seq_len=16, lag=2, bos=False, seed=11)
     assert not control.bos
-    assert (control.tokens[:, 0] != data.BOS).all()  # an ordinary token there
+    assert (control.tokens[:, 0] != decoding.BOS).all()  # an ordinary token there
     assert len(control.tokens[:, 0].unique()) > 5
     assert torch.equal(control.tokens[:, 1:], with_bos.tokens[:, 1:])
     assert torch.equal(control.trigger, with_bos.trigger)  # never a trigger before lag
@@ -73,7 +74,7 @@ def test_the_control_changes_position_0_only():
 def test_sink_task_refuses_bad_input(kwargs, error, match):
     args = {"n": 4, **kwargs}
     with pytest.raises(error, match=match):
-        data.sink_task(**args)
+        decoding.sink_task(**args)
 
 
 # --- accuracy under a cache -------------------------------------------------------------------
@@ -92,7 +93,7 @@ def _tiny_model(task, seed=0):
 
 
 def _with_tags(task, tags):
-    return data.SinkData(task.tokens, tags, task.vocab_size, task.n_tags, task.trigger, task.lag,
+    return decoding.SinkData(task.tokens, tags, task.vocab_size, task.n_tags, task.trigger, task.lag,
                          task.n_triggers, task.bos)
 
 
@@ -118,12 +119,12 @@ def _some_wrong(pred, n_tags):
 
 
 def test_cache_accuracy_with_the_full_cache_counts_the_plain_models_answers():
-    task = data.sink_task(12, seq_len=10, seed=1)
+    task = decoding.sink_task(12, seq_len=10, seed=1)
     model = _tiny_model(task)
     with torch.no_grad():
         pred = model(task.tokens).argmax(-1)  # (B, T): the plain causal run, no mask passed
     task = _with_tags(task, _some_wrong(pred, task.n_tags))
-    got = measure.cache_accuracy(model, task, selfattn.causal_mask(10), first_query=3)
+    got = decoding.cache_accuracy(model, task, selfattn.causal_mask(10), first_query=3)
     assert got == pytest.approx(_count(pred, task, 3))
     assert got["all"] == pytest.approx(2 / 3, abs=0.05)
     assert got["trigger"] != got["other"]
@@ -133,7 +134,7 @@ def test_window_only_is_running_each_window_on_its_own():
     """Evicting every key older than the window gives the answers of a model that only ever saw
     the window's tokens: RoPE scores depend on distances, which eviction keeps."""
     T, window = 12, 4
-    task = data.sink_task(16, seq_len=T, seed=2)
+    task = decoding.sink_task(16, seq_len=T, seed=2)
     model = _tiny_model(task, seed=1)
     pred = torch.empty_like(task.tokens)
     with torch.no_grad():
@@ -141,19 +142,19 @@ def test_window_only_is_running_each_window_on_its_own():
             alone = task.tokens[:, max(0, t - window + 1): t + 1]  # (B, <= window)
             pred[:, t] = model(alone)[:, -1].argmax(-1)
     task = _with_tags(task, pred)  # the answers of the windows run alone
-    got = measure.cache_accuracy(model, task, selfattn.causal_mask(T, window=window), 4)
+    got = decoding.cache_accuracy(model, task, selfattn.causal_mask(T, window=window), 4)
     assert got == {"all": 1.0, "trigger": 1.0, "other": 1.0}
-    full = measure.cache_accuracy(model, task, selfattn.causal_mask(T), 4)
+    full = decoding.cache_accuracy(model, task, selfattn.causal_mask(T), 4)
     assert full["all"] < 0.95, "the full cache gives other answers: the test sees the window"
-    sink = measure.cache_accuracy(model, task, selfattn.causal_mask(T, window=window, n_sink=1), 4)
+    sink = decoding.cache_accuracy(model, task, selfattn.causal_mask(T, window=window, n_sink=1), 4)
     assert sink["all"] < 0.95, "keeping position 0 changes answers too"
 
 
 def test_cache_accuracy_gives_nan_for_a_group_with_no_query():
-    task = data.sink_task(3, seq_len=6, n_triggers=1, seed=0)
-    task = data.SinkData(task.tokens, task.tags, task.vocab_size, task.n_tags,
+    task = decoding.sink_task(3, seq_len=6, n_triggers=1, seed=0)
+    task = decoding.SinkData(task.tokens, task.tags, task.vocab_size, task.n_tags,
                          torch.zeros_like(task.trigger), task.lag, task.n_triggers, task.bos)  # no trigger
-    got = measure.cache_accuracy(_tiny_model(task), task, selfattn.causal_mask(6))
+    got = decoding.cache_accuracy(_tiny_model(task), task, selfattn.causal_mask(6))
     assert math.isnan(got["trigger"]) and got["all"] == got["other"]
 
 
@@ -163,20 +164,20 @@ def test_cache_accuracy_gives_nan_for_a_group_with_no_query():
     ([[True]], "got list"),
 ])
 def test_cache_accuracy_refuses_a_bad_mask(mask, match):
-    task = data.sink_task(2, seq_len=6, seed=0)
+    task = decoding.sink_task(2, seq_len=6, seed=0)
     with pytest.raises(ValueError, match=match):
-        measure.cache_accuracy(_tiny_model(task), task, mask)
+        decoding.cache_accuracy(_tiny_model(task), task, mask)
 
 
 def test_cache_accuracy_refuses_bad_data_and_first_query():
-    task = data.sink_task(2, seq_len=6, seed=0)
+    task = decoding.sink_task(2, seq_len=6, seed=0)
     model = _tiny_model(task)
     with pytest.raises(TypeError, match="SinkData"):
-        measure.cache_accuracy(model, data.Sequences(task.tokens, task.tags, 16, 20),
+        decoding.cache_accuracy(model, train.Sequences(task.tokens, task.tags, 16, 20),
                                selfattn.causal_mask(6))
     for bad in (6, -1, 1.0):
         with pytest.raises(ValueError, match=r"first_query must be an int in \[0, 6\)"):
-            measure.cache_accuracy(model, task, selfattn.causal_mask(6), bad)
+            decoding.cache_accuracy(model, task, selfattn.causal_mask(6), bad)
 
 
 # --- the share on position 0 ------------------------------------------------------------------
@@ -188,12 +189,12 @@ def test_first_token_share_by_hand():
     w[0, 0, 1, :2], w[0, 0, 2] = torch.tensor([0.5, 0.5]), torch.tensor([0.2, 0.3, 0.5])
     w[1, 0, 1, :2], w[1, 0, 2] = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.2, 0.2])
     w[:, 1, 1, 1], w[:, 1, 2, 2] = 1.0, 1.0  # head 1 attends to itself: nothing on position 0
-    share = measure.first_token_share(w, first_query=1)
+    share = decoding.first_token_share(w, first_query=1)
     assert share.shape == (2,)
     assert share.tolist() == pytest.approx([(0.5 + 0.2 + 0.9 + 0.6) / 4, 0.0])
-    assert measure.first_token_share(w).tolist() == pytest.approx([(2 + 2.2) / 6, 2 / 6])
+    assert decoding.first_token_share(w).tolist() == pytest.approx([(2 + 2.2) / 6, 2 / 6])
     where = torch.tensor([[False, True, False], [True, False, True]])
-    assert measure.first_token_share(w, 1, where).tolist() == pytest.approx([(0.5 + 0.6) / 2, 0])
+    assert decoding.first_token_share(w, 1, where).tolist() == pytest.approx([(0.5 + 0.6) / 2, 0])
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -205,7 +206,7 @@ def test_first_token_share_by_hand():
 ])
 def test_first_token_share_refuses_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
-        measure.first_token_share(*args)
+        decoding.first_token_share(*args)
 
 
 # --- the experiment ---------------------------------------------------------------------------
@@ -216,7 +217,7 @@ TINY = dict(seq_len=12, n_train=64, n_test=24, d=8, n_heads=2, steps=4, batch_si
 
 @pytest.fixture(scope="module")
 def tiny_results():
-    return measure.sink_experiment([3, 5], (0, 1), **TINY)
+    return decoding.sink_experiment([3, 5], (0, 1), **TINY)
 
 
 def test_the_experiment_returns_one_record_per_seed_and_arm(tiny_results):
@@ -227,7 +228,7 @@ def test_the_experiment_returns_one_record_per_seed_and_arm(tiny_results):
         for r in records:
             assert (r.window, r.n_sink) == (4, 1)
             assert r.test.bos is bos and r.test.tokens.shape == (24, 12)
-            assert (r.test.tokens[:, 0] == data.BOS).all() == bos
+            assert (r.test.tokens[:, 0] == decoding.BOS).all() == bos
             for acc in (r.full, r.window_only, r.sink_window):
                 assert set(acc) == {"all", "trigger", "other"}
                 assert all(0 <= v <= 1 for v in acc.values())
@@ -237,17 +238,17 @@ def test_the_experiment_returns_one_record_per_seed_and_arm(tiny_results):
             assert r.drop == pytest.approx(r.full["all"] - r.window_only["all"])
             assert r.gap == pytest.approx(r.full["all"] - r.sink_window["all"])
             assert r.top_share == max(r.share_other)
-            assert r.sink_heads == sum(s > measure.SINK_SHARE for s in r.share_other)
+            assert r.sink_heads == sum(s > decoding.SINK_SHARE for s in r.share_other)
             assert math.isfinite(r.loss) and r.loss > 0
     # the records are what evaluate_sink says of the returned models
     r = tiny_results["BOS"][1]
-    again = measure.evaluate_sink(r.model, r.test, 4)
+    again = decoding.evaluate_sink(r.model, r.test, 4)
     assert again.full == r.full and again.window_only == r.window_only
     assert again.share_other == r.share_other
 
 
 def test_the_experiment_is_deterministic_and_seeds_matter(tiny_results):
-    again = measure.sink_experiment([3, 5], (0, 1), **TINY)
+    again = decoding.sink_experiment([3, 5], (0, 1), **TINY)
     for arm in tiny_results:
         for a, b in zip(tiny_results[arm], again[arm], strict=True):
             assert (a.full, a.window_only, a.share_other, a.loss) == \
@@ -258,14 +259,14 @@ def test_the_experiment_is_deterministic_and_seeds_matter(tiny_results):
 
 def test_sink_columns(tiny_results):
     records = tiny_results["BOS"]
-    columns = measure.sink_columns(records)
+    columns = decoding.sink_columns(records)
     assert columns["full cache"] == [r.full["all"] for r in records]
     assert columns["window only"] == [r.window_only["all"] for r in records]
     assert columns["sink+window"] == [r.sink_window["all"] for r in records]
     assert columns["top share"] == [r.top_share for r in records]
-    assert "window only" in measure.seed_rows(columns, [3, 5])
+    assert "window only" in train.seed_rows(columns, [3, 5])
     with pytest.raises(ValueError, match="at least one record"):
-        measure.sink_columns([])
+        decoding.sink_columns([])
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -280,12 +281,12 @@ def test_sink_columns(tiny_results):
 def test_the_experiment_refuses_bad_settings_before_training(kwargs, match):
     args = {"seeds": [0], "data_seeds": (0, 1), **TINY, **kwargs}
     with pytest.raises(ValueError, match=match):
-        measure.sink_experiment(**args)
+        decoding.sink_experiment(**args)
 
 
 def test_evaluate_sink_refuses_bad_input(tiny_results):
     r = tiny_results["BOS"][0]
     with pytest.raises(ValueError, match="lag < window"):
-        measure.evaluate_sink(r.model, r.test, 1)
+        decoding.evaluate_sink(r.model, r.test, 1)
     with pytest.raises(TypeError, match="SinkData"):
-        measure.evaluate_sink(r.model, r.test.tokens, 4)
+        decoding.evaluate_sink(r.model, r.test.tokens, 4)

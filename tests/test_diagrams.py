@@ -18,52 +18,53 @@ from matplotlib.text import Annotation, Text
 from PIL import Image
 
 import selfattn
-from selfattn.book import diagrams
-from selfattn.book.viz import PAGE_WIDTH
+from selfattn.book import decoding, multi_head, performance, positional_encoding, single_head
+from selfattn.book.kit import draw
+from selfattn.book.kit.viz import PAGE_WIDTH
 from selfattn.masks import causal_mask
 from selfattn.positional import apply_rope
 
 # (what to call, a word the alt text must hold); the variants stress the layout at its limits
 CASES = {
-    "one_output": (lambda: diagrams.one_output(), "b^1"),
-    "one_output, 1 token": (lambda: diagrams.one_output(["attention"]), "b^1"),
-    "one_output, 4 tokens": (lambda: diagrams.one_output("the cat sat down".split()), "b^1"),
-    "matrix_form": (lambda: diagrams.matrix_form(), "matrix form"),
-    "matrix_form, small": (lambda: diagrams.matrix_form(1, 1, 1, 1), "matrix form"),
-    "matrix_form, large": (lambda: diagrams.matrix_form(9999, 9999, 9999, 9999), "matrix form"),
-    "multi_head": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4)), "split_heads"),
-    "multi_head, chapter 6": (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(
+    "one_output": (lambda: single_head.one_output(), "b^1"),
+    "one_output, 1 token": (lambda: single_head.one_output(["attention"]), "b^1"),
+    "one_output, 4 tokens": (lambda: single_head.one_output("the cat sat down".split()), "b^1"),
+    "matrix_form": (lambda: single_head.matrix_form(), "matrix form"),
+    "matrix_form, small": (lambda: single_head.matrix_form(1, 1, 1, 1), "matrix form"),
+    "matrix_form, large": (lambda: single_head.matrix_form(9999, 9999, 9999, 9999), "matrix form"),
+    "multi_head": (lambda: multi_head.split_attend_merge(selfattn.MultiHeadAttention(32, 4)), "split_heads"),
+    "multi_head, chapter 6": (lambda: multi_head.split_attend_merge(selfattn.MultiHeadAttention(
         128, 8, head_dim=16, kdim=128, vdim=64, out_dim=8), 10, 4), "merge_heads"),
-    "multi_head, GQA and RoPE": (lambda: diagrams.multi_head(selfattn.AttentionConfig.build(
+    "multi_head, GQA and RoPE": (lambda: multi_head.split_attend_merge(selfattn.AttentionConfig.build(
         d_model=64, n_heads=16, n_kv_heads=4, rope=True), 32, 128), "out_proj"),
-    "kv_heads": (lambda: diagrams.kv_heads(), "KV cache"),
-    "kv_heads, 32 heads": (lambda: diagrams.kv_heads(32, (32, 8, 4, 1), 128), "KV cache"),
-    "kv_heads, 1 head": (lambda: diagrams.kv_heads(1, head_dim=8), "KV cache"),
-    "rope_rotation": (lambda: diagrams.rope_rotation(), "RoPE"),
-    "rope_rotation, slow": (lambda: diagrams.rope_rotation(8, 0.1, (0.3, -2.0)), "RoPE"),
-    "rope_rotation, fast": (lambda: diagrams.rope_rotation(3, math.pi / 2), "RoPE"),
-    "online_softmax_tiles": (lambda: diagrams.online_softmax_tiles(), "never stored"),
-    "online_softmax_tiles, long": (lambda: diagrams.online_softmax_tiles(4096, 4096, 256), "never stored"),
-    "online_softmax_tiles, wide": (lambda: diagrams.online_softmax_tiles(3, 40, 3, query_block=0),
+    "kv_heads": (lambda: multi_head.kv_heads(), "KV cache"),
+    "kv_heads, 32 heads": (lambda: multi_head.kv_heads(32, (32, 8, 4, 1), 128), "KV cache"),
+    "kv_heads, 1 head": (lambda: multi_head.kv_heads(1, head_dim=8), "KV cache"),
+    "rope_rotation": (lambda: positional_encoding.rope_rotation(), "RoPE"),
+    "rope_rotation, slow": (lambda: positional_encoding.rope_rotation(8, 0.1, (0.3, -2.0)), "RoPE"),
+    "rope_rotation, fast": (lambda: positional_encoding.rope_rotation(3, math.pi / 2), "RoPE"),
+    "online_softmax_tiles": (lambda: performance.online_softmax_tiles(), "never stored"),
+    "online_softmax_tiles, long": (lambda: performance.online_softmax_tiles(4096, 4096, 256), "never stored"),
+    "online_softmax_tiles, wide": (lambda: performance.online_softmax_tiles(3, 40, 3, query_block=0),
                                    "never stored"),
-    "online_softmax_tiles, tall": (lambda: diagrams.online_softmax_tiles(64, 5, 4, causal=False),
+    "online_softmax_tiles, tall": (lambda: performance.online_softmax_tiles(64, 5, 4, causal=False),
                                    "never stored"),
 }
 
 
-def texts(diagram: diagrams.Diagram) -> list[Text]:
+def texts(diagram: draw.Diagram) -> list[Text]:
     return [t for t in diagram.figure.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
-def strings(diagram: diagrams.Diagram) -> str:
+def strings(diagram: draw.Diagram) -> str:
     return "\n".join(t.get_text() for t in texts(diagram))
 
 
-def drawn_extents(diagram: diagrams.Diagram):
+def drawn_extents(diagram: draw.Diagram):
     """Each visible text's box on the PNG, in pixels."""
     fig = diagram.figure
     canvas = FigureCanvasAgg(fig)
-    fig.set_dpi(diagrams.DPI)
+    fig.set_dpi(draw.DPI)
     renderer = canvas.get_renderer()
     fig.draw(renderer)
     return [(t.get_text(), t.get_window_extent(renderer)) for t in texts(diagram)]
@@ -77,7 +78,7 @@ def case(request):
 
 def test_returns_a_diagram_that_fits_the_page(case):
     diagram, _ = case
-    assert isinstance(diagram, diagrams.Diagram)
+    assert isinstance(diagram, draw.Diagram)
     assert isinstance(diagram.figure, Figure)
     width, height = diagram.figure.get_size_inches()
     assert width <= PAGE_WIDTH + 1e-9
@@ -93,7 +94,7 @@ def test_nothing_is_cut_off_and_no_text_is_drawn_over_another(case):
     diagram, _ = case
     boxes = drawn_extents(diagram)
     fig = diagram.figure
-    width, height = (s * diagrams.DPI for s in fig.get_size_inches())
+    width, height = (s * draw.DPI for s in fig.get_size_inches())
     backgrounds = {fig.patch, *(ax.patch for ax in fig.axes)}
     shapes = [(repr(p), p.get_window_extent()) for p in fig.findobj(Patch)  # boxes, arrows, circles
               if p not in backgrounds and not isinstance(p, Spine)]  # (the axes are off)
@@ -131,7 +132,7 @@ def test_shows_as_a_png_with_its_alt_text(case):
 def test_html_gives_the_png_width_and_escapes_the_alt_text():
     fig = Figure(figsize=(2.5, 1))
     fig.text(0.1, 0.5, "x", fontsize=9)
-    d = diagrams.Diagram(fig, 'the "q" & <k> heads')
+    d = draw.Diagram(fig, 'the "q" & <k> heads')
     html = d._repr_html_()
     assert 'width="250"' in html
     assert 'alt="the &quot;q&quot; &amp; &lt;k&gt; heads"' in html
@@ -146,11 +147,11 @@ def test_diagrams_leave_pyplot_alone():
 
 
 def test_png_is_the_same_on_every_run():
-    assert diagrams.kv_heads(4).png() == diagrams.kv_heads(4).png()
+    assert multi_head.kv_heads(4).png() == multi_head.kv_heads(4).png()
 
 
 def test_one_output_labels_the_given_tokens():
-    d = diagrams.one_output(["we", "like", "tea"])
+    d = single_head.one_output(["we", "like", "tea"])
     s = strings(d)
     assert [t.get_text() for t in texts(d) if t.get_text() in {"we", "like", "tea"}] == ["we", "like", "tea"]
     for i in (1, 2, 3):
@@ -161,7 +162,7 @@ def test_one_output_labels_the_given_tokens():
 
 
 def test_matrix_form_writes_the_shapes_it_was_given():
-    s = strings(diagrams.matrix_form(5, 12, 3, 7))
+    s = strings(single_head.matrix_form(5, 12, 3, 7))
     for shape in ["(5, 12)", "(5, 3)", "(5, 7)", "(5, 5)", "(12, 3)", "(12, 7)"]:
         assert shape in s, shape
     assert "(6, 16)" not in s
@@ -172,21 +173,21 @@ def numbers_in(diagram) -> set[str]:
 
 
 def test_multi_head_takes_its_shapes_from_the_layer():
-    small = diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=2, T=5)
+    small = multi_head.split_attend_merge(selfattn.MultiHeadAttention(32, 4), B=2, T=5)
     s = strings(small)
     for name in ["q_proj", "k_proj", "v_proj", "split_heads", "merge_heads", "out_proj"]:
         assert name in s
     assert {"(2, 5, 32)", "(2, 4, 5, 8)"} <= numbers_in(small)
-    other = diagrams.multi_head(selfattn.MultiHeadAttention(48, 6, out_dim=10).config, B=3, T=7)
+    other = multi_head.split_attend_merge(selfattn.MultiHeadAttention(48, 6, out_dim=10).config, B=3, T=7)
     assert {"(3, 7, 48)", "(3, 6, 7, 8)", "(3, 7, 10)"} <= numbers_in(other)
     assert not numbers_in(small) & numbers_in(other)
     assert "apply_rope" not in s
-    assert "apply_rope" in strings(diagrams.multi_head(selfattn.AttentionConfig.build(d_model=32, n_heads=4,
-                                                                                rope=True)))
+    with_rope = selfattn.AttentionConfig.build(d_model=32, n_heads=4, rope=True)
+    assert "apply_rope" in strings(multi_head.split_attend_merge(with_rope))
 
 
 def test_multi_head_gives_each_query_head_its_key_value_head():
-    d = diagrams.multi_head(selfattn.AttentionConfig.build(d_model=64, n_heads=8, n_kv_heads=2))
+    d = multi_head.split_attend_merge(selfattn.AttentionConfig.build(d_model=64, n_heads=8, n_kv_heads=2))
     assert {"(2, 5, 16)", "(2, 2, 5, 8)", "(2, 8, 5, 8)"} <= numbers_in(d)
 
     def row(letter):  # the labels of one letter's boxes, left to right
@@ -204,7 +205,7 @@ def boxes(diagram, prefix):
 
 @pytest.mark.parametrize("n_heads, counts", [(8, None), (6, (6, 3, 2, 1)), (4, (2,))])
 def test_kv_heads_connects_each_query_head_to_its_key_value_head(n_heads, counts):
-    d = diagrams.kv_heads(n_heads, counts, head_dim=16)
+    d = multi_head.kv_heads(n_heads, counts, head_dim=16)
     counts = counts or (8, 2, 1)
     lines = [ln for ln in d.figure.findobj(Line2D) if (ln.get_gid() or "").startswith("link")]
     assert len(lines) == n_heads * len(counts)
@@ -226,13 +227,13 @@ def test_kv_heads_connects_each_query_head_to_its_key_value_head(n_heads, counts
             assert under(x_kv, kv) == i // (n_heads // n_kv)
         cache = 2 * n_kv * 16
         assert f"2 × {n_kv} × 16\n= {cache} numbers" in strings(d)
-    assert "1/4 of MHA's" in strings(diagrams.kv_heads(8, (8, 2)))
+    assert "1/4 of MHA's" in strings(multi_head.kv_heads(8, (8, 2)))
 
 
 @pytest.mark.parametrize("position, theta, x", [(3, 1.0, (1.0, 0.0)), (6, 0.5, (0.6, 0.8)),
                                                 (2, 0.25, (-2.0, 1.5))])
 def test_rope_rotation_draws_what_apply_rope_computes(position, theta, x):
-    d = diagrams.rope_rotation(position, theta, x)
+    d = positional_encoding.rope_rotation(position, theta, x)
     (dots,) = [ln for ln in d.figure.findobj(Line2D) if ln.get_gid() == "rotated points"]
     drawn = dots.get_xydata()
     assert drawn.shape == (position + 1, 2)
@@ -249,7 +250,7 @@ def test_rope_rotation_draws_what_apply_rope_computes(position, theta, x):
 @pytest.mark.parametrize("L, S, block, causal", [(16, 16, 4, True), (16, 16, 4, False), (10, 20, 4, True),
                                                  (1024, 1024, 128, True), (7, 5, 3, True)])
 def test_online_softmax_tiles_skips_exactly_the_hidden_tiles(L, S, block, causal):
-    d = diagrams.online_softmax_tiles(L, S, block, causal)
+    d = performance.online_softmax_tiles(L, S, block, causal)
     tiles = boxes(d, "tile")
     nq, nk = math.ceil(L / block), math.ceil(S / block)
     assert len(tiles) == nq * nk
@@ -267,30 +268,32 @@ def test_online_softmax_tiles_skips_exactly_the_hidden_tiles(L, S, block, causal
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: diagrams.one_output([]), "tokens must hold 1 to 6 words to fit the page, got 0"),
-    (lambda: diagrams.one_output("the cat"), "sequence of words"),
-    (lambda: diagrams.one_output("a b c d e f g".split()), "1 to 6 words to fit the page, got 7"),
-    (lambda: diagrams.one_output(["the", "incomprehensibilities"]), "at most .* characters"),
-    (lambda: diagrams.one_output(["the", ""]), "non-empty str"),
-    (lambda: diagrams.matrix_form(0, 16, 8, 8), "n must be positive, got 0"),
-    (lambda: diagrams.matrix_form(10_000, 16, 8, 8), "n must be at most 9999, got 10000"),
-    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), B=0), "B must be positive"),
-    (lambda: diagrams.multi_head(selfattn.MultiHeadAttention(64, 32)), "n_heads must be at most 16, got 32"),
-    (lambda: diagrams.kv_heads(8, (3,)), r"n_heads \(8\) must be a multiple of each n_kv_heads, got 3"),
-    (lambda: diagrams.kv_heads(4, (8,)), r"n_heads \(4\) must be a multiple"),
-    (lambda: diagrams.kv_heads(8, (0,)), "each n_kv_heads must be positive, got 0"),
-    (lambda: diagrams.kv_heads(8, ()), "1 to 4 head counts"),
-    (lambda: diagrams.kv_heads(8, head_dim=0), "head_dim must be positive"),
-    (lambda: diagrams.rope_rotation(-1), "position must be an int from 0 to 8"),
-    (lambda: diagrams.rope_rotation(2, theta=0), "theta must be a number of radians from 0.01 to pi/2"),
-    (lambda: diagrams.rope_rotation(2, theta=2.0), "theta must be a number of radians from 0.01 to pi/2"),
-    (lambda: diagrams.rope_rotation(2, x=(1, 2, 3)), r"x must be a pair of numbers \(x_1, x_2\)"),
-    (lambda: diagrams.rope_rotation(8, theta=1.0), "goes round the circle more than once"),
-    (lambda: diagrams.rope_rotation(2, x=(0, 0)), "non-zero, finite pair"),
-    (lambda: diagrams.online_softmax_tiles(16, 16, 0), "block_size must be positive, got 0"),
-    (lambda: diagrams.online_softmax_tiles(0, 16, 4), "L must be positive"),
-    (lambda: diagrams.online_softmax_tiles(4096, 4096, 128), "too many to draw.*block_size of at least 256"),
-    (lambda: diagrams.online_softmax_tiles(16, 16, 4, query_block=4),
+    (lambda: single_head.one_output([]), "tokens must hold 1 to 6 words to fit the page, got 0"),
+    (lambda: single_head.one_output("the cat"), "sequence of words"),
+    (lambda: single_head.one_output("a b c d e f g".split()), "1 to 6 words to fit the page, got 7"),
+    (lambda: single_head.one_output(["the", "incomprehensibilities"]), "at most .* characters"),
+    (lambda: single_head.one_output(["the", ""]), "non-empty str"),
+    (lambda: single_head.matrix_form(0, 16, 8, 8), "n must be positive, got 0"),
+    (lambda: single_head.matrix_form(10_000, 16, 8, 8), "n must be at most 9999, got 10000"),
+    (lambda: multi_head.split_attend_merge(selfattn.MultiHeadAttention(32, 4), B=0), "B must be positive"),
+    (lambda: multi_head.split_attend_merge(selfattn.MultiHeadAttention(64, 32)),
+     "n_heads must be at most 16, got 32"),
+    (lambda: multi_head.kv_heads(8, (3,)), r"n_heads \(8\) must be a multiple of each n_kv_heads, got 3"),
+    (lambda: multi_head.kv_heads(4, (8,)), r"n_heads \(4\) must be a multiple"),
+    (lambda: multi_head.kv_heads(8, (0,)), "each n_kv_heads must be positive, got 0"),
+    (lambda: multi_head.kv_heads(8, ()), "1 to 4 head counts"),
+    (lambda: multi_head.kv_heads(8, head_dim=0), "head_dim must be positive"),
+    (lambda: positional_encoding.rope_rotation(-1), "position must be an int from 0 to 8"),
+    (lambda: positional_encoding.rope_rotation(2, theta=0), "theta must be a number of radians from 0.01"),
+    (lambda: positional_encoding.rope_rotation(2, theta=2.0), "theta must be a number of radians from 0.01"),
+    (lambda: positional_encoding.rope_rotation(2, x=(1, 2, 3)), r"x must be a pair of numbers \(x_1, x_2\)"),
+    (lambda: positional_encoding.rope_rotation(8, theta=1.0), "goes round the circle more than once"),
+    (lambda: positional_encoding.rope_rotation(2, x=(0, 0)), "non-zero, finite pair"),
+    (lambda: performance.online_softmax_tiles(16, 16, 0), "block_size must be positive, got 0"),
+    (lambda: performance.online_softmax_tiles(0, 16, 4), "L must be positive"),
+    (lambda: performance.online_softmax_tiles(4096, 4096, 128),
+     "too many to draw.*block_size of at least 256"),
+    (lambda: performance.online_softmax_tiles(16, 16, 4, query_block=4),
      "query_block must be an int from 0 to 3"),
 ])
 def test_bad_arguments_say_what_is_wrong(call, message):
@@ -299,9 +302,9 @@ def test_bad_arguments_say_what_is_wrong(call, message):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: diagrams.matrix_form(4, 16, 8.0, 8), "d_k must be an int, got float"),
-    (lambda: diagrams.kv_heads(8, ("2",)), "each n_kv_heads must be an int, got str"),
-    (lambda: diagrams.online_softmax_tiles(16, 16, True), "block_size must be an int, got bool"),
+    (lambda: single_head.matrix_form(4, 16, 8.0, 8), "d_k must be an int, got float"),
+    (lambda: multi_head.kv_heads(8, ("2",)), "each n_kv_heads must be an int, got str"),
+    (lambda: performance.online_softmax_tiles(16, 16, True), "block_size must be an int, got bool"),
 ])
 def test_a_size_of_the_wrong_type_is_a_type_error(call, message):
     with pytest.raises(TypeError, match=message):
@@ -310,23 +313,23 @@ def test_a_size_of_the_wrong_type_is_a_type_error(call, message):
 
 def test_multi_head_rejects_what_is_not_a_layer():
     with pytest.raises(TypeError, match="MultiHeadAttention or an AttentionConfig"):
-        diagrams.multi_head(torch.nn.MultiheadAttention(32, 4))
+        multi_head.split_attend_merge(torch.nn.MultiheadAttention(32, 4))
 
 
 def test_one_output_writes_vectors_as_rows_like_the_code():
     # the chapter's code computes a @ W_q with W_q of shape (d_model, d_k): a row vector times
     # W, so W^q a^1 (column vectors) would not even be defined for those shapes
-    s = strings(diagrams.one_output())
+    s = strings(single_head.one_output())
     for label in ["$q^1 = a^1 W^q$", "$k^i = a^i W^k$", "$v^i = a^i W^v$"]:
         assert label in s, label
     assert "W^q a" not in s and "W^k a" not in s and "W^v a" not in s
 
 
 GROUPED_CASES = {
-    "grouped_rows": (lambda: diagrams.grouped_rows(), "key/value head"),
-    "grouped_rows, MQA of 16": (lambda: diagrams.grouped_rows(16, 1), "key/value head"),
-    "grouped_rows, chunk": (lambda: diagrams.grouped_rows(4, 2, L=4), "key/value head"),
-    "grouped_rows, pairs": (lambda: diagrams.grouped_rows(16, 8), "key/value head"),
+    "grouped_rows": (lambda: multi_head.grouped_rows(), "key/value head"),
+    "grouped_rows, MQA of 16": (lambda: multi_head.grouped_rows(16, 1), "key/value head"),
+    "grouped_rows, chunk": (lambda: multi_head.grouped_rows(4, 2, L=4), "key/value head"),
+    "grouped_rows, pairs": (lambda: multi_head.grouped_rows(16, 8), "key/value head"),
 }
 
 
@@ -340,7 +343,7 @@ def test_grouped_rows_fits_is_legible_and_has_its_alt_text(name):
 
 @pytest.mark.parametrize(("n_heads", "n_kv", "L"), [(8, 2, 1), (16, 1, 1), (4, 2, 4), (6, 3, 2)])
 def test_grouped_rows_stacks_each_groups_query_rows_as_the_library_does(n_heads, n_kv, L):
-    d = diagrams.grouped_rows(n_heads, n_kv, L)
+    d = multi_head.grouped_rows(n_heads, n_kv, L)
     g = n_heads // n_kv
     labels = {p.get_gid(): p for p in d.figure.findobj(Patch) if p.get_gid()}
     drawn = [gid for gid in labels if gid.startswith("row")]
@@ -360,10 +363,10 @@ def test_grouped_rows_stacks_each_groups_query_rows_as_the_library_does(n_heads,
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: diagrams.grouped_rows(8, 3), r"multiple of n_kv_heads \(3\)"),
-    (lambda: diagrams.grouped_rows(4, 4), "two query heads or more"),
-    (lambda: diagrams.grouped_rows(8, 2, L=4), "at most 16 rows"),
-    (lambda: diagrams.grouped_rows(0, 1), "n_heads must be positive"),
+    (lambda: multi_head.grouped_rows(8, 3), r"multiple of n_kv_heads \(3\)"),
+    (lambda: multi_head.grouped_rows(4, 4), "two query heads or more"),
+    (lambda: multi_head.grouped_rows(8, 2, L=4), "at most 16 rows"),
+    (lambda: multi_head.grouped_rows(0, 1), "n_heads must be positive"),
 ])
 def test_grouped_rows_says_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
@@ -375,14 +378,14 @@ def test_multi_head_draws_the_query_and_key_lengths_apart(n_kv_heads):
     # chapter 6's demo: 2 queries attend to 4 keys; every shape on a key or value path has S
     layer = selfattn.MultiHeadAttention(128, 8, n_kv_heads=n_kv_heads, head_dim=16, kdim=128,
                                         vdim=64, out_dim=8)
-    d = diagrams.multi_head(layer, B=10, T=2, S=4)
+    d = multi_head.split_attend_merge(layer, B=10, T=2, S=4)
     kv = 16 * n_kv_heads
     assert {"(10, 2, 128)", "(10, 4, 128)", "(10, 4, 64)", f"(10, 4, {kv})",
             "(10, 8, 2, 16)", f"(10, {n_kv_heads}, 4, 16)", "(10, 2, 8)"} <= numbers_in(d)
     assert "(10, 8, 2, 4)" in d.alt and "S=4" in strings(d)
     assert "(10, 4, 8)" not in numbers_in(d)  # the output follows the queries, not the keys
-    same = diagrams.multi_head(layer, B=10, T=4)  # S defaults to T: self-attention
-    assert numbers_in(same) == numbers_in(diagrams.multi_head(layer, B=10, T=4, S=4))
+    same = multi_head.split_attend_merge(layer, B=10, T=4)  # S defaults to T: self-attention
+    assert numbers_in(same) == numbers_in(multi_head.split_attend_merge(layer, B=10, T=4, S=4))
     assert "S=" not in strings(same)
     test_returns_a_diagram_that_fits_the_page((d, "merge_heads"))
     test_nothing_is_cut_off_and_no_text_is_drawn_over_another((d, "merge_heads"))
@@ -391,13 +394,13 @@ def test_multi_head_draws_the_query_and_key_lengths_apart(n_kv_heads):
 
 def test_multi_head_checks_the_key_length():
     with pytest.raises(ValueError, match="S"):
-        diagrams.multi_head(selfattn.MultiHeadAttention(32, 4), S=0)
+        multi_head.split_attend_merge(selfattn.MultiHeadAttention(32, 4), S=0)
 
 
 def test_one_output_values_cross_the_softmax_band_through_a_gap():
     """Each value line v^i passes over the softmax band through a white gap, so it does not
     read as going through the softmax."""
-    d = diagrams.one_output(["we", "like", "tea"])
+    d = single_head.one_output(["we", "like", "tea"])
     ax = d.figure.axes[0]
     band = next(p for p in ax.patches if p.get_gid() == "softmax band")
     gaps = [ln for ln in ax.get_lines() if ln.get_gid() == "gap"]
@@ -414,18 +417,18 @@ def test_one_output_values_cross_the_softmax_band_through_a_gap():
 def test_multi_head_draws_the_scores_shape_and_names_kv_heads_only_when_fewer(n_kv_heads):
     layer = selfattn.MultiHeadAttention(128, 8, n_kv_heads=n_kv_heads, head_dim=16, kdim=128,
                                         vdim=64, out_dim=8)
-    d = diagrams.multi_head(layer, B=10, T=2, S=4)
+    d = multi_head.split_attend_merge(layer, B=10, T=2, S=4)
     assert "(10, 8, 2, 4)" in numbers_in(d)  # the demo's scores, drawn, not only in the alt text
     assert ("n_kv_heads" in strings(d)) == (n_kv_heads != 8)
     test_nothing_is_cut_off_and_no_text_is_drawn_over_another((d, "merge_heads"))
 
 
 LATENT_CASES = {
-    "latent_attention": (lambda: diagrams.latent_attention(), "latent"),
-    "latent_attention, DeepSeek-V2's head": (lambda: diagrams.latent_attention(8, 128, 512, 64, 5120),
+    "latent_attention": (lambda: decoding.latent_attention(), "latent"),
+    "latent_attention, DeepSeek-V2's head": (lambda: decoding.latent_attention(8, 128, 512, 64, 5120),
                                               "latent"),
-    "latent_attention, no RoPE, one head": (lambda: diagrams.latent_attention(1, 1, 1, 0), "latent"),
-    "latent_attention, large": (lambda: diagrams.latent_attention(8, 9999, 9999, 9998, 99999), "latent"),
+    "latent_attention, no RoPE, one head": (lambda: decoding.latent_attention(1, 1, 1, 0), "latent"),
+    "latent_attention, large": (lambda: decoding.latent_attention(8, 9999, 9999, 9998, 99999), "latent"),
 }
 
 
@@ -445,7 +448,7 @@ def test_latent_attention_draws_what_the_layer_caches(n_heads, head_dim, kv_rank
     from selfattn.cache import KVCache
     from selfattn.latent import MultiHeadLatentAttention
 
-    d = diagrams.latent_attention(n_heads, head_dim, kv_rank, rope_dim)
+    d = decoding.latent_attention(n_heads, head_dim, kv_rank, rope_dim)
     s = strings(d)
     # what the layer really caches per token, measured: the number drawn
     layer = MultiHeadLatentAttention(n_heads * head_dim, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
@@ -470,12 +473,12 @@ def test_latent_attention_draws_what_the_layer_caches(n_heads, head_dim, kv_rank
 
 
 @pytest.mark.parametrize("call, exc, message", [
-    (lambda: diagrams.latent_attention(9), ValueError, "n_heads must be at most 8, got 9"),
-    (lambda: diagrams.latent_attention(4, 64, 0), ValueError, "kv_rank must be positive, got 0"),
-    (lambda: diagrams.latent_attention(4, 64, 256, 3), ValueError, "rope_dim must be 0 .* even"),
-    (lambda: diagrams.latent_attention(4, 64, 256, -2), ValueError, "rope_dim must be from 0 to 9998"),
-    (lambda: diagrams.latent_attention(4, 64, 256, 2.0), TypeError, "rope_dim must be an int, got float"),
-    (lambda: diagrams.latent_attention(4, 64, 256, 32, d_model=0), ValueError, "d_model must be positive"),
+    (lambda: decoding.latent_attention(9), ValueError, "n_heads must be at most 8, got 9"),
+    (lambda: decoding.latent_attention(4, 64, 0), ValueError, "kv_rank must be positive, got 0"),
+    (lambda: decoding.latent_attention(4, 64, 256, 3), ValueError, "rope_dim must be 0 .* even"),
+    (lambda: decoding.latent_attention(4, 64, 256, -2), ValueError, "rope_dim must be from 0 to 9998"),
+    (lambda: decoding.latent_attention(4, 64, 256, 2.0), TypeError, "rope_dim must be an int, got float"),
+    (lambda: decoding.latent_attention(4, 64, 256, 32, d_model=0), ValueError, "d_model must be positive"),
 ])
 def test_latent_attention_says_what_is_wrong(call, exc, message):
     with pytest.raises(exc, match=message):
@@ -483,19 +486,19 @@ def test_latent_attention_says_what_is_wrong(call, exc, message):
 
 
 CACHE_CASES = {
-    "paged_block_table": (lambda: diagrams.paged_block_table(), "block table"),
-    "paged_block_table, one request of one token": (lambda: diagrams.paged_block_table((1,), 1),
+    "paged_block_table": (lambda: decoding.paged_block_table(), "block table"),
+    "paged_block_table, one request of one token": (lambda: decoding.paged_block_table((1,), 1),
                                                    "block table"),
-    "paged_block_table, four requests": (lambda: diagrams.paged_block_table((3, 9, 2, 5), 3), "block table"),
-    "paged_block_table, full pool of 12": (lambda: diagrams.paged_block_table((40, 30, 20), 8, 12),
+    "paged_block_table, four requests": (lambda: decoding.paged_block_table((3, 9, 2, 5), 3), "block table"),
+    "paged_block_table, full pool of 12": (lambda: decoding.paged_block_table((40, 30, 20), 8, 12),
                                            "block table"),
-    "paged_block_table, two-digit tables": (lambda: diagrams.paged_block_table((12, 11), 2, 12),
+    "paged_block_table, two-digit tables": (lambda: decoding.paged_block_table((12, 11), 2, 12),
                                             "block table"),
-    "rolling_sink_buffer": (lambda: diagrams.rolling_sink_buffer(), "overwriting"),
-    "rolling_sink_buffer, long": (lambda: diagrams.rolling_sink_buffer(1, 3, 32), "overwriting"),
-    "rolling_sink_buffer, 16 slots, no evictions": (lambda: diagrams.rolling_sink_buffer(8, 8, 16, False),
+    "rolling_sink_buffer": (lambda: decoding.rolling_sink_buffer(), "overwriting"),
+    "rolling_sink_buffer, long": (lambda: decoding.rolling_sink_buffer(1, 3, 32), "overwriting"),
+    "rolling_sink_buffer, 16 slots, no evictions": (lambda: decoding.rolling_sink_buffer(8, 8, 16, False),
                                                     "overwriting"),
-    "rolling_sink_buffer, one slot": (lambda: diagrams.rolling_sink_buffer(0, 1, 1), "overwriting"),
+    "rolling_sink_buffer, one slot": (lambda: decoding.rolling_sink_buffer(0, 1, 1), "overwriting"),
 }
 
 
@@ -517,7 +520,7 @@ def gids(diagram, kind=Patch) -> dict:
 def test_paged_block_table_draws_the_caches_block_tables(lengths, block_size, n_blocks):
     from selfattn.cache import BlockPool, PagedKVCache
 
-    d = diagrams.paged_block_table(lengths, block_size, n_blocks)
+    d = decoding.paged_block_table(lengths, block_size, n_blocks)
     needed = [math.ceil(n / block_size) for n in lengths]
     n_blocks = n_blocks or sum(needed) + 2
     # the same requests decoded side by side, one token each per step, by the library here
@@ -555,7 +558,7 @@ def test_paged_block_table_draws_the_caches_block_tables(lengths, block_size, n_
 
 
 def test_paged_block_table_interleaves_the_requests_blocks():
-    d = diagrams.paged_block_table((10, 6, 7), 4)
+    d = decoding.paged_block_table((10, 6, 7), 4)
     s = strings(d)
     assert "block_table [0, 3, 6]" in s and "block_table [1, 4]" in s and "block_table [2, 5]" in s
     assert "free list: [7, 8]" in s
@@ -576,7 +579,7 @@ def expected_slots(n_sink, window, t):
 def test_rolling_sink_buffer_draws_what_each_slot_holds(n_sink, window, t, sliding):
     from selfattn.cache import SinkCache, SlidingWindowCache
 
-    d = diagrams.rolling_sink_buffer(n_sink, window, t, sliding)
+    d = decoding.rolling_sink_buffer(n_sink, window, t, sliding)
     patches, labels = gids(d), gids(d, Text)
     size = n_sink + window
     panels = [("sink", n_sink, window, SinkCache(n_sink, window))]
@@ -605,25 +608,25 @@ def test_rolling_sink_buffer_draws_what_each_slot_holds(n_sink, window, t, slidi
 
 
 @pytest.mark.parametrize("call, exc, message", [
-    (lambda: diagrams.paged_block_table(()), ValueError, "1 to 4 token counts"),
-    (lambda: diagrams.paged_block_table((1, 2, 3, 4, 5)), ValueError, "1 to 4 token counts"),
-    (lambda: diagrams.paged_block_table("abc"), ValueError, "sequence of 1 to 4 token counts"),
-    (lambda: diagrams.paged_block_table((3, 0)), ValueError, "each length must be positive, got 0"),
-    (lambda: diagrams.paged_block_table((3,), 0), ValueError, "block_size must be positive"),
-    (lambda: diagrams.paged_block_table((3,), 9), ValueError, "block_size must be at most 8"),
-    (lambda: diagrams.paged_block_table((10, 6, 7), 4, 6), ValueError,
+    (lambda: decoding.paged_block_table(()), ValueError, "1 to 4 token counts"),
+    (lambda: decoding.paged_block_table((1, 2, 3, 4, 5)), ValueError, "1 to 4 token counts"),
+    (lambda: decoding.paged_block_table("abc"), ValueError, "sequence of 1 to 4 token counts"),
+    (lambda: decoding.paged_block_table((3, 0)), ValueError, "each length must be positive, got 0"),
+    (lambda: decoding.paged_block_table((3,), 0), ValueError, "block_size must be positive"),
+    (lambda: decoding.paged_block_table((3,), 9), ValueError, "block_size must be at most 8"),
+    (lambda: decoding.paged_block_table((10, 6, 7), 4, 6), ValueError,
      "n_blocks must be from the 7 blocks the requests need to 12"),
-    (lambda: diagrams.paged_block_table((99,), 8), ValueError, "the 13 blocks the requests need"),
-    (lambda: diagrams.paged_block_table((3,), 4, 13), ValueError, "to 12"),
-    (lambda: diagrams.paged_block_table((3.0,)), TypeError, "each length must be an int, got float"),
-    (lambda: diagrams.rolling_sink_buffer(-1), ValueError, "n_sink must be from 0 to 8, got -1"),
-    (lambda: diagrams.rolling_sink_buffer(4, 0), ValueError, "window must be positive"),
-    (lambda: diagrams.rolling_sink_buffer(8, 9, 20), ValueError, "at most 16 slots"),
-    (lambda: diagrams.rolling_sink_buffer(4, 8, 11), ValueError,
+    (lambda: decoding.paged_block_table((99,), 8), ValueError, "the 13 blocks the requests need"),
+    (lambda: decoding.paged_block_table((3,), 4, 13), ValueError, "to 12"),
+    (lambda: decoding.paged_block_table((3.0,)), TypeError, "each length must be an int, got float"),
+    (lambda: decoding.rolling_sink_buffer(-1), ValueError, "n_sink must be from 0 to 8, got -1"),
+    (lambda: decoding.rolling_sink_buffer(4, 0), ValueError, "window must be positive"),
+    (lambda: decoding.rolling_sink_buffer(8, 9, 20), ValueError, "at most 16 slots"),
+    (lambda: decoding.rolling_sink_buffer(4, 8, 11), ValueError,
      r"t must be from n_sink \+ window = 12 \(the buffer full\) to 32, got 11"),
-    (lambda: diagrams.rolling_sink_buffer(4, 8, 33), ValueError, "to 32, got 33"),
-    (lambda: diagrams.rolling_sink_buffer(4, 8, 19.0), TypeError, "t must be an int, got float"),
-    (lambda: diagrams.rolling_sink_buffer(True), TypeError, "n_sink must be an int, got bool"),
+    (lambda: decoding.rolling_sink_buffer(4, 8, 33), ValueError, "to 32, got 33"),
+    (lambda: decoding.rolling_sink_buffer(4, 8, 19.0), TypeError, "t must be an int, got float"),
+    (lambda: decoding.rolling_sink_buffer(True), TypeError, "n_sink must be an int, got bool"),
 ])
 def test_cache_diagrams_say_what_is_wrong(call, exc, message):
     with pytest.raises(exc, match=message):

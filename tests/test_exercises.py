@@ -1,22 +1,22 @@
-"""The build-it checkers of selfattn.book.exercises: the solution a chapter shows folded passes, a blank
-answer fails without raising, and each typical mistake gets its own hint. The package keeps every
-checker at selfattn.book.exercises.check_*, and `import selfattn` still does not load it.
+"""The build-it checkers of the book's topic modules: the solution a chapter shows folded passes, a
+blank answer fails without raising, and each typical mistake gets its own hint. Every checker is a
+topic's check_*, and `import selfattn` still does not load the topics.
 
 Solutions are source text run the way tests/test_book.py runs a chapter's folded solution (in a
 namespace holding only torch and selfattn); each mistake is the solution with a few edits.
 """
 
-import inspect
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from topics import CHECKERS, TOPICS
 
 import selfattn
-import selfattn.book.exercises as ex
-from selfattn.book.exercises import build, recall
+from selfattn.book import decoding, single_head
+from selfattn.book.kit.checkers import WIDTH
 
 SOLUTIONS = {
     "check_attention_layer": '''
@@ -296,11 +296,11 @@ def edited(name, edits):
 def verdict(capsys, name, answer):
     """(what the checker returned, the verdict it printed, joined into one line)."""
     capsys.readouterr()
-    ok = getattr(ex, name)(answer)
+    ok = CHECKERS[name](answer)
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines and lines[0].startswith(("✓ Correct: ", "✗ Not yet: ")), out
-    assert all(len(line) <= ex.scaffold.WIDTH for line in lines), out  # fits a code block
+    assert all(len(line) <= WIDTH for line in lines), out  # fits a code block
     assert all(line.startswith("  ") for line in lines[1:]), out  # one verdict, wrapped
     return ok, " ".join(line.strip() for line in lines) + "\n"
 
@@ -352,21 +352,19 @@ def test_without_the_maximum_only_large_scores_show_the_mistake():
 @pytest.mark.parametrize("name", SOLUTIONS)
 def test_a_checker_leaves_the_global_random_state_alone(name, capsys):
     state = torch.random.get_rng_state()
-    getattr(ex, name)(run(SOLUTIONS[name]))
+    CHECKERS[name](run(SOLUTIONS[name]))
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
-def test_every_check_is_selfattn_exercises_check_and_documented():
-    public = {name for module in (recall, build) for name, obj in vars(module).items()
-              if name.startswith("check_") and inspect.isfunction(obj)}
-    assert {"check_merge_heads", "check_attention", "check_rope_turn", *SOLUTIONS} <= public
-    assert public | {"NotYet"} == set(ex.__all__)
-    for name in public:
-        assert getattr(selfattn.book.exercises, name) is getattr(ex, name)
-        assert getattr(ex, name).__doc__.startswith("Chapter")
+def test_every_check_is_a_topics_check_and_documented():
+    assert {"check_merge_heads", "check_attention", "check_rope_turn", *SOLUTIONS} <= set(CHECKERS)
+    for name, check in CHECKERS.items():
+        module = next(m for m in TOPICS if getattr(m, name, None) is check)
+        assert getattr(selfattn.book, module.__name__.rsplit(".", 1)[1]) is module
+        assert check.__doc__.startswith("Chapter")
     for name in SOLUTIONS:
-        assert "build-it exercise" in getattr(ex, name).__doc__.split(":")[0]
-    assert issubclass(selfattn.book.exercises.NotYet, Exception)
+        assert "build-it exercise" in CHECKERS[name].__doc__.split(":")[0]
+    assert issubclass(selfattn.book.kit.checkers.NotYet, Exception)
 
 
 def test_importing_selfattn_does_not_import_the_books_apparatus():
@@ -374,7 +372,7 @@ def test_importing_selfattn_does_not_import_the_books_apparatus():
             "print(sorted(m for m in sys.modules if m.startswith(('selfattn.book', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    code = "import selfattn; selfattn.book.exercises.check_rope; print('ok')"
+    code = "import selfattn; selfattn.book.positional_encoding.check_rope; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
 
@@ -465,7 +463,7 @@ def test_chapter_3_solutions_pass_and_leave_the_random_state_alone(name, capsys)
     ok, out = verdict(capsys, name, ch3_run(name))
     assert ok is True, out
     assert torch.equal(torch.random.get_rng_state(), state)
-    assert "build-it exercise" in getattr(ex, name).__doc__.split(":")[0]
+    assert "build-it exercise" in CHECKERS[name].__doc__.split(":")[0]
 
 
 @pytest.mark.parametrize("name", CH3_SOLUTIONS)
@@ -495,7 +493,7 @@ def test_chapter_3_masked_additive_checker_uses_every_key_the_mask_keeps():
         weights = weights / weights.sum(-1, keepdim=True)  # uniform over the kept keys
         return weights @ value, weights
 
-    assert ex.check_masked_additive_attention(half_right) is False
+    assert single_head.check_masked_additive_attention(half_right) is False
 
 
 # Chapter 4's measured exercises: each answer is a power of two that the checker measures itself
@@ -504,7 +502,7 @@ def test_chapter_3_masked_additive_checker_uses_every_key_the_mask_keeps():
     ("check_gradient_crossover", 128, 64, 256, ("go wider", "smaller widths")),
 ])
 def test_chapter_4_measured_answers(name, right, too_small, too_large, hints, capsys):
-    check = getattr(ex, name)
+    check = CHECKERS[name]
     assert check(right) is True
     for answer in (None, "128", 3, 100.0, 0, True):
         assert check(answer) is False  # a blank, not a number, or not a power of two
@@ -515,19 +513,19 @@ def test_chapter_4_measured_answers(name, right, too_small, too_large, hints, ca
 
 
 def test_chapter_4_checkers_agree_with_the_measurement_they_ask_for():
-    from selfattn.book import measure
+    from selfattn.book import single_head
 
     widths = [2**i for i in range(1, 13)]
-    width = next(d for d in widths if measure.median_top_weight(d, 64) > 0.9)
-    assert ex.check_saturation_width(width) is True
+    width = next(d for d in widths if single_head.median_top_weight(d, 64) > 0.9)
+    assert single_head.check_saturation_width(width) is True
 
-    ratio = measure.query_gradient_ratio
-    assert ex.check_gradient_crossover(next(d for d in widths if ratio(d) > 1)) is True
+    ratio = single_head.query_gradient_ratio
+    assert single_head.check_gradient_crossover(next(d for d in widths if ratio(d) > 1)) is True
 
 
 @pytest.mark.parametrize("name", RIGHT)
 def test_a_right_online_softmax_written_another_way_passes(name, capsys):
-    assert selfattn.book.exercises.check_online_softmax(run(RIGHT[name])) is True
+    assert selfattn.book.performance.check_online_softmax(run(RIGHT[name])) is True
     assert "Correct" in capsys.readouterr().out
 
 
@@ -536,29 +534,29 @@ def test_a_right_online_softmax_written_another_way_passes(name, capsys):
 def test_uniform_scale_takes_only_zero_and_prints_the_spread(almost, capsys):
     """A scale near 0 gives nearly uniform weights, not uniform ones whatever q and k are: it
     fails, and the hint prints the spread, not two equal-looking rounded weights."""
-    assert ex.check_uniform_scale(almost) is False
+    assert single_head.check_uniform_scale(almost) is False
     out = " ".join(capsys.readouterr().out.split())  # the hint is wrapped
     assert "spread over" in out and "every score is 0" not in out
     assert "0.200 to 0.200" not in out
-    assert ex.check_uniform_scale(0) is True and ex.check_uniform_scale(0.0) is True
+    assert single_head.check_uniform_scale(0) is True and single_head.check_uniform_scale(0.0) is True
     assert "every score is 0" in capsys.readouterr().out
 
 
 def test_chapter_4_query_gradient_ratio_is_the_median_over_draws():
-    from selfattn.book import measure
+    from selfattn.book import single_head
 
     def one(d, seed):
-        s = measure.attention_gradients(d, True, seed=seed)
-        u = measure.attention_gradients(d, False, seed=seed)
+        s = single_head.attention_gradients(d, True, seed=seed)
+        u = single_head.attention_gradients(d, False, seed=seed)
         return (s.at_q.median() / u.at_q.median()).item()
 
     draws = [one(128, 1000 + 128 + 100_003 * i) for i in range(5)]
-    assert measure.query_gradient_ratio(128) == pytest.approx(sorted(draws)[2])
-    assert measure.query_gradient_ratio(64, 1) == pytest.approx(one(64, 1064))
+    assert single_head.query_gradient_ratio(128) == pytest.approx(sorted(draws)[2])
+    assert single_head.query_gradient_ratio(64, 1) == pytest.approx(one(64, 1064))
     # the crossover, away from the draw: below one at 64, above at 128
-    assert measure.query_gradient_ratio(64) < 1 < measure.query_gradient_ratio(128)
+    assert single_head.query_gradient_ratio(64) < 1 < single_head.query_gradient_ratio(128)
     with pytest.raises(ValueError, match="n_draws"):
-        measure.query_gradient_ratio(64, 0)
+        single_head.query_gradient_ratio(64, 0)
 
 
 @pytest.mark.parametrize("body", [
@@ -581,7 +579,7 @@ def test_chapter_3_general_score_gives_the_transpose_hint_only_for_its_error(bod
     (None, "set the answer"),
 ])
 def test_chapter_11_model_cache_bytes(answer, hint, capsys):
-    passed = ex.check_model_cache_bytes(answer)
+    passed = decoding.check_model_cache_bytes(answer)
     out = capsys.readouterr().out
     assert passed is (hint is None)
     if hint is None:

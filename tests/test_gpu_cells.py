@@ -1,4 +1,4 @@
-"""Chapter 9's GPU cells call bench.gpu_kernels and bench.sdpa_fallbacks; the book's build has no
+"""Chapter 9's GPU cells call performance.gpu_kernels and performance.sdpa_fallbacks; the book's build has no
 GPU and skips those cells, so their code runs here, on a CPU at toy sizes (the Triton kernel under
 the interpreter), so that it cannot rot."""
 
@@ -6,13 +6,13 @@ import importlib.util
 
 import torch
 
-from selfattn.book import bench
+from selfattn.book import performance
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def test_gpu_kernels_times_every_variant_or_says_why_not():
-    rows = bench.gpu_kernels("cpu", lengths=(40,), dtypes=(torch.float32,), n_heads=2,
+    rows = performance.gpu_kernels("cpu", lengths=(40,), dtypes=(torch.float32,), n_heads=2,
                              head_dim=16, repeats=1, warmup=0)
     names = [r["variant"] for r in rows]
     assert "SDPA, math" in names and "SDPA, its own choice" in names and "tiled (selfattn)" in names
@@ -28,7 +28,7 @@ def test_gpu_kernels_times_every_variant_or_says_why_not():
 
 
 def test_sdpa_fallbacks_names_a_kernel_for_every_call():
-    rows = bench.sdpa_fallbacks("cpu", T=32, n_heads=4, head_dim=16)
+    rows = performance.sdpa_fallbacks("cpu", T=32, n_heads=4, head_dim=16)
     assert [r["call"] for r in rows] == ["float32, is_causal=True", "the same causal mask as a tensor",
                                           "1 key/value heads, enable_gqa=True"]
     assert all("scaled_dot_product" in r["kernel"] for r in rows)

@@ -1,9 +1,9 @@
 """The live explorers' forward passes in JavaScript (assets/live/live.js) against PyTorch.
 
-selfattn.book.live writes a model into a spec; live.js computes on it in the browser. Here Node
+selfattn.book.kit.live writes a model into a spec; live.js computes on it in the browser. Here Node
 runs live.js (without a page) on specs of small random models, one for every kind of position
 the taggers use, a grouped-query one and chapter 2's single head, and every typed sentence's
-weights and logits must match :func:`selfattn.book.live.forward` (PyTorch, from the spec's own
+weights and logits must match :func:`selfattn.book.kit.live.forward` (PyTorch, from the spec's own
 weights), which must match the model itself. Bad specs and bad sentences get clear errors.
 tests/test_live_browser.py does the same in the built book, through the page.
 """
@@ -16,7 +16,8 @@ import subprocess
 import pytest
 import torch
 
-from selfattn.book import live, models
+from selfattn.book import tagging
+from selfattn.book.kit import live, viz
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIVE_JS = ROOT / "assets" / "live" / "live.js"
@@ -52,7 +53,7 @@ process.stdout.write(JSON.stringify(out));
 
 def tagger(positions, n_kv_heads=None, causal=True):
     torch.manual_seed(len(positions))
-    model = models.AttentionTagger(len(WORDS), len(TAGS), d=16, n_heads=4, max_len=32,
+    model = tagging.AttentionTagger(len(WORDS), len(TAGS), d=16, n_heads=4, max_len=32,
                                    positions=positions, causal=causal, n_kv_heads=n_kv_heads)
     with torch.no_grad():  # weights larger than at init, so the maps are far from uniform
         for p in model.parameters():
@@ -61,7 +62,7 @@ def tagger(positions, n_kv_heads=None, causal=True):
 
 
 def tagger_models():
-    found = {p: tagger(p) for p in models.POSITIONS}
+    found = {p: tagger(p) for p in tagging.POSITIONS}
     found["rope, 2 key/value heads"] = tagger("rope", n_kv_heads=2)
     found["sinusoidal, both sides"] = tagger("sinusoidal", causal=False)
     return found
@@ -96,7 +97,7 @@ def test_the_page_applies_the_tasks_own_rules():
     (got,) = node_compute(spec, [["w5 c2 w6 c4 w7", {}]])
     assert got["rule"] == ["no cue yet", "c2", "c2", "c4", "c4"]
     words = ["saw", *WORDS[1:]]
-    model = models.AttentionTagger(len(words), 4, d=8, n_heads=2, max_len=16)
+    model = tagging.AttentionTagger(len(words), 4, d=8, n_heads=2, max_len=16)
     spec = live.tagger_spec("test-saw", {"m": model}, words, ["a", "b", "c", "d"],
                             rule="cue_before_saw", sentences=["c2 w5 saw"], max_tokens=8)
     # the task's sentences: one 'saw', exactly one cue before it, decoys only after it
@@ -158,7 +159,7 @@ def test_bad_specs_are_refused_with_clear_errors():
     with pytest.raises(ValueError, match="lowercase"):
         live.tagger_spec("Bad Name", {"m": model}, WORDS, TAGS, rule="latest_cue",
                          sentences=["c1"])
-    scored = models.AttentionTagger(len(WORDS), len(TAGS), d=8, scorer="additive")
+    scored = tagging.AttentionTagger(len(WORDS), len(TAGS), d=8, scorer="additive")
     with pytest.raises(TypeError, match="multi-head"):
         live.tagger_spec("t", {"m": scored}, WORDS, TAGS, rule="latest_cue", sentences=["c1"])
     with pytest.raises(ValueError, match="W_q"):
@@ -177,7 +178,7 @@ def test_the_markup_appears_only_in_the_static_book(monkeypatch, capsys):
     assert html.count("</script>") == 1  # the spec cannot close its own script tag
     assert json.loads(html.split('class="selfattn-live-spec">')[1].split("</script>")[0]
                       .replace("<\\/", "</")) == spec
-    monkeypatch.delenv(live.STATIC_ENV, raising=False)
+    monkeypatch.delenv(viz.STATIC_ENV, raising=False)
     assert live.show(spec) is None and capsys.readouterr().out == ""
 
 

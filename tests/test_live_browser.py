@@ -1,7 +1,7 @@
 """The live explorers in the built book, in a browser with no kernel (tests/test_browser.py's
 server, browser and page loading).
 
-For every live explorer on every page (selfattn.book.live, run by assets/live/live.js): the page's
+For every live explorer on every page (selfattn.book.kit.live, run by assets/live/live.js): the page's
 test entry, ``selfattnLive.explorers[name].attention(text, options)``, gives the weights (and a
 tagger's logits) that PyTorch computes from the spec's weights, on sentences this test makes up
 (seeded, of several lengths, longer than the examples too) and for every model, temperature
@@ -21,7 +21,7 @@ import test_browser
 import torch
 from test_browser import HTML, KNOWN_THEME_MESSAGES, ROOT, SHOTS, open_page, pages
 
-from selfattn.book import live
+from selfattn.book.kit import live
 
 pytestmark = pytest.mark.built_book
 server = test_browser.server  # its fixtures: the built book on 127.0.0.1, headless Chromium

@@ -1,4 +1,4 @@
-"""The measuring tools of selfattn.book.measure: FLOP counts, the exponent fit, contention, memory.
+"""The measuring tools of selfattn.book.kit.measure: FLOP counts, the exponent fit, contention, memory.
 
 No timing assertions: these machines are shared; make bench reports times, tests check the tools.
 """
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from reference import counted_flops
 
 import selfattn
-from selfattn.book import measure
+from selfattn.book import single_head
+from selfattn.book.kit import measure
 
 
 @pytest.mark.parametrize(("L", "S", "E", "H", "B"), [(3, 5, 4, 1, 1), (16, 16, 8, 4, 2)])
@@ -162,7 +163,7 @@ def test_saved_tensor_bytes_counts_each_storage_autograd_keeps_once():
 
 
 def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
-    from selfattn.book.baselines import einsum_attention, matmul_attention
+    from selfattn.book.performance import einsum_attention, matmul_attention
 
     q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
     einsum, matmul = (measure.op_counts(lambda f=f: f(q, k, v))
@@ -210,42 +211,42 @@ def test_profiled_ops_sees_inside_multihead_attentions_inference_fast_path():
 
 
 def test_top_share_measures_how_concentrated_a_gradient_is():
-    assert measure.top_share(torch.ones(100)) == pytest.approx(0.05)  # spread evenly
+    assert single_head.top_share(torch.ones(100)) == pytest.approx(0.05)  # spread evenly
     one_row = torch.zeros(100)
     one_row[7] = 3.0
-    assert measure.top_share(one_row) == pytest.approx(1.0)  # all in one row
-    assert measure.top_share(torch.tensor([3.0, 4.0]), 0.5) == pytest.approx(16 / 25)  # squares
+    assert single_head.top_share(one_row) == pytest.approx(1.0)  # all in one row
+    assert single_head.top_share(torch.tensor([3.0, 4.0]), 0.5) == pytest.approx(16 / 25)  # squares
     with pytest.raises(ValueError, match="fraction"):
-        measure.top_share(torch.ones(4), 0.0)
+        single_head.top_share(torch.ones(4), 0.0)
 
 
 def test_attention_gradients_obey_the_chain_rule_of_the_scale():
     # at q the scaled model's gradient carries the factor 1/sqrt(d_k) on top of the scores'
     for d_k in (4, 64):
-        s, u = measure.attention_gradients(d_k, True), measure.attention_gradients(d_k, False)
+        s, u = single_head.attention_gradients(d_k, True), single_head.attention_gradients(d_k, False)
         assert s.at_q.shape == s.at_scores.shape == s.top_weight.shape == (64 * 16,)
         ratio = (s.at_q.norm() / u.at_q.norm()) / (s.at_scores.norm() / u.at_scores.norm())
         assert ratio.item() == pytest.approx(1 / math.sqrt(d_k), rel=0.1)
-    wide = measure.attention_gradients(1024, False)
+    wide = single_head.attention_gradients(1024, False)
     assert wide.top_weight.median() > 0.99  # unscaled and wide: saturated rows
-    assert measure.top_share(wide.at_q) > 0.5  # ... and a concentrated gradient
+    assert single_head.top_share(wide.at_q) > 0.5  # ... and a concentrated gradient
 
 
 def test_median_top_weight_grows_with_the_width_only_without_the_scale():
-    raw = [measure.median_top_weight(d, 16, n_rows=4000) for d in (4, 64, 1024)]
-    scaled = [measure.median_top_weight(d, 16, scaled=True, n_rows=4000) for d in (4, 64, 1024)]
+    raw = [single_head.median_top_weight(d, 16, n_rows=4000) for d in (4, 64, 1024)]
+    scaled = [single_head.median_top_weight(d, 16, scaled=True, n_rows=4000) for d in (4, 64, 1024)]
     assert raw[0] < raw[1] < raw[2] and raw[2] > 0.99
     assert max(scaled) - min(scaled) < 0.05 and max(scaled) < 0.5
-    assert measure.median_top_weight(8, 1) == 1.0  # one key takes all the weight
+    assert single_head.median_top_weight(8, 1) == 1.0  # one key takes all the weight
 
 
 def test_cue_gradients_match_autograd_and_a_finite_difference():
-    from selfattn.book import data, models
+    from selfattn.book import tagging
 
-    task = data.tagging_task(40, seq_len=12, seed=3)
+    task = tagging.tagging_task(40, seq_len=12, seed=3)
     torch.manual_seed(0)
-    model = models.AttentionTagger(task.vocab_size, task.n_tags, d=16, scorer="dot").double()
-    c = measure.cue_gradients(model, task)
+    model = tagging.AttentionTagger(task.vocab_size, task.n_tags, d=16, scorer="dot").double()
+    c = single_head.cue_gradients(model, task)
     assert c.cue_weight.shape == c.cue_grad.shape == c.correct.shape == (40,)
     assert torch.equal(c.cue, task.tokens[torch.arange(40), task.position - task.distance])
     assert (c.cue_weight <= c.top_weight).all() and (c.top_weight <= 1).all()
@@ -280,11 +281,11 @@ def test_cue_gradients_match_autograd_and_a_finite_difference():
 
 
 def test_fisher_exact_matches_known_tables():
-    from selfattn.book import measure
+    from selfattn.book import single_head
 
     # Fisher's tea-tasting table: 3 of 4 against 1 of 4, two-sided p = 34/70
-    assert measure.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
-    assert measure.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
-    assert measure.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
+    assert single_head.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
+    assert single_head.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
+    assert single_head.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
     with pytest.raises(ValueError, match="0 <= k <= n"):
-        measure.fisher_exact(11, 10, 0, 10)
+        single_head.fisher_exact(11, 10, 0, 10)

@@ -343,10 +343,10 @@ def test_fully_masked_query_gives_zero_in_every_dtype_and_mode(dtype, training, 
 @pytest.mark.parametrize("n_heads, head_dim", [(1, 64), (4, 4), (4, None)])
 def test_attention_tagger_takes_a_head_width(n_heads, head_dim):
     # chapter 6 separates the number of heads from their width with this argument
-    from selfattn.book import models
+    from selfattn.book import tagging
 
     torch.manual_seed(0)
-    m = models.AttentionTagger(10, 121, d=32, n_heads=n_heads, head_dim=head_dim)
+    m = tagging.AttentionTagger(10, 121, d=32, n_heads=n_heads, head_dim=head_dim)
     hd = 32 // n_heads if head_dim is None else head_dim
     assert (m.attn.config.n_heads, m.attn.config.head_dim) == (n_heads, hd)
     assert m.attn.q_proj.weight.shape == (n_heads * hd, 32)

@@ -162,7 +162,7 @@ def test_rope_halves_layout_is_the_neighbours_layout_on_reordered_features():
 
 
 def test_cue_weights_splits_the_weight_by_what_the_keys_hold():
-    from selfattn.book.measure import cue_weights
+    from selfattn.book.positional_encoding import cue_weights
 
     # one sequence: cue 1 at 0, cue 2 at 1, fillers, cue 3 at 5; queries 6 and 7
     tokens = torch.tensor([[1, 2, 9, 9, 9, 3, 9, 9]])
@@ -212,7 +212,7 @@ def test_interpolate_positions_divides_rope_positions():
 
 
 def test_cue_masks_hide_what_they_name():
-    from selfattn.book.measure import cue_masks
+    from selfattn.book.positional_encoding import cue_masks
 
     tokens = torch.tensor([[1, 9, 2, 9, 9, 3, 9, 9]])  # cues at 0, 2, 5
     m = cue_masks(tokens, n_cues=4, beyond=5)
@@ -230,7 +230,7 @@ def test_cue_masks_hide_what_they_name():
 
 
 def test_old_cue_ratio_by_offset():
-    from selfattn.book.measure import old_cue_ratio_by_offset
+    from selfattn.book.positional_encoding import old_cue_ratio_by_offset
 
     tokens = torch.tensor([[1, 9, 2, 9, 9, 3, 9, 9]])  # cues at 0, 2, 5
     w = torch.zeros(1, 2, 8, 8)
@@ -246,12 +246,12 @@ def test_old_cue_ratio_by_offset():
 
 
 def test_order_blind_by_position_averages_to_the_ceiling():
-    from selfattn.book import data
-    from selfattn.book.measure import order_blind_by_position
+    from selfattn.book import positional_encoding
+    from selfattn.book.positional_encoding import order_blind_by_position
 
-    task = data.recent_cue_task(50, seq_len=40, seed=0)
+    task = positional_encoding.recent_cue_task(50, seq_len=40, seed=0)
     p = order_blind_by_position(task.tokens, task.n_tags - 1)
     assert p.shape == task.tokens.shape
-    assert p.mean().item() == pytest.approx(data.order_blind_accuracy(task))
+    assert p.mean().item() == pytest.approx(positional_encoding.order_blind_accuracy(task))
     assert torch.equal(order_blind_by_position(torch.tensor([[9, 1, 9, 2, 9]]), 4),
                        torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.5]]))

@@ -16,7 +16,7 @@ import pathlib
 
 import pytest
 
-from selfattn.book import train
+from selfattn.book.kit import train
 
 CHAPTERS = sorted((pathlib.Path(__file__).parent.parent / "chapters").glob("*.ipynb"))
 

@@ -1,7 +1,7 @@
-"""The on-page self-checks, without a built book: the HTML that `selfattn.book.selfcheck` writes,
+"""The on-page self-checks, without a built book: the HTML that `selfattn.book.kit.selfcheck` writes,
 the note a live kernel shows instead (no answer in it), its argument checks, the chapters'
 self-check cells (where they sit, and that each expected value is one its exercise's checker
-accepts, from the functions in `exercises.recall`, never by running a notebook), and the page's
+accepts, from a function of the exercise's topic module, never by running a notebook), and the page's
 script `assets/selfcheck.js` in Node: parsing what a reader types and the verdict.
 
 tests/test_selfcheck_browser.py checks the same widgets in the built book, in a browser.
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.book import exercises
-from selfattn.book.exercises import recall
-from selfattn.book.selfcheck import CLOSE, DEFAULT_RTOL, MAX_EXACT, self_check
-from selfattn.book.viz import STATIC_ENV
+from selfattn.book import decoding, multi_head, performance, pitfalls, single_head
+from selfattn.book.kit import measure
+from selfattn.book.kit.selfcheck import CLOSE, DEFAULT_RTOL, MAX_EXACT, self_check
+from selfattn.book.kit.viz import STATIC_ENV
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -195,6 +195,10 @@ def is_self_check(cell):
     return cell["cell_type"] == "code" and re.search(r"^self_check\(", source(cell), re.M)
 
 
+CHECK_CALL = re.compile(r"selfattn\.book\.\w+\.check_")
+# the modules a self-check may take its expected value from: a topic, or the kit's measurements
+SOURCES = {"single_head": single_head, "multi_head": multi_head, "pitfalls": pitfalls,
+           "performance": performance, "decoding": decoding, "measure": measure}
 SELF_CHECKS = [(path.stem, i, source(c)) for path in CHAPTERS
                for i, c in enumerate(cells(path)) if is_self_check(c)]
 
@@ -212,9 +216,9 @@ def test_a_self_check_follows_its_exercise_and_shows_only_its_widget(name, index
     assert before["cell_type"] == "markdown" and "**Exercise" in source(before), (
         "a self-check goes right after its exercise's text")
     after = [c for c in all_cells[index + 1:] if c["cell_type"] == "code"][:2]
-    assert any("selfattn.book.exercises.check_" in source(c) for c in after), (
+    assert any(CHECK_CALL.search(source(c)) for c in after), (
         "the exercise's answer cell and its checker follow the self-check")
-    assert "selfattn.book.exercises.check_" not in source(all_cells[index + 1])
+    assert not CHECK_CALL.search(source(all_cells[index + 1]))
     for out in cell["outputs"]:  # the committed notebook ran live: the note, no HTML
         assert set(out.get("data", {})) == {"text/plain"}, "commit the notebook executed live"
         assert "".join(out["data"]["text/plain"]).startswith("Self-check:")
@@ -239,7 +243,8 @@ def _givens(tree):
 
 
 def _expected_call(text):
-    """The self-check's expected value as (recall function's name, its arguments, the ``kind``):
+    """The self-check's expected value as (its function, the function's name, its arguments, the
+    ``kind``):
     read from the cell's code, the sizes resolved from its literal assignments."""
     tree = ast.parse(text)
     known = _givens(tree)
@@ -250,8 +255,8 @@ def _expected_call(text):
         expected = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                         and any(isinstance(t, ast.Name) and t.id == expected.id for t in n.targets))
     assert isinstance(expected, ast.Call) and isinstance(expected.func, ast.Attribute), (
-        "compute the expected value with a function of selfattn.book.exercises.recall")
-    assert isinstance(expected.func.value, ast.Name) and expected.func.value.id == "recall"
+        "compute the expected value with a function of the exercise's topic module")
+    assert isinstance(expected.func.value, ast.Name) and expected.func.value.id in SOURCES
 
     def value(node):
         if isinstance(node, ast.Name):
@@ -261,7 +266,8 @@ def _expected_call(text):
         return ast.literal_eval(node)
 
     kind = next((ast.literal_eval(k.value) for k in call.keywords if k.arg == "kind"), "number")
-    return expected.func.attr, [value(a) for a in expected.args], kind
+    function = getattr(SOURCES[expected.func.value.id], expected.func.attr)
+    return function, expected.func.attr, [value(a) for a in expected.args], kind
 
 
 def _keyword(text, name):
@@ -280,47 +286,47 @@ def _from_arange(shape):
 
 def agrees(function, value, args):
     """Does the checker of the exercise whose self-check takes its expected value from
-    ``recall.<function>(*args)`` accept that value? A checker that takes a value gets it; one that
-    takes a function gets the recall function (or the library function the value is read from),
-    which it runs at its own sizes."""
-    ex = exercises
+    ``<module>.<function>(*args)`` accept that value? A checker that takes a value gets it; one that
+    takes a function gets that function (or the library function the value is read from), which
+    it runs at its own sizes."""
     if function == "additive_parameters":
-        return ex.check_additive_parameters(recall.additive_parameters)
+        return single_head.check_additive_parameters(single_head.additive_parameters)
     if function == "additive_pair_bytes":
-        return ex.check_additive_bytes(recall.additive_pair_bytes)
+        return single_head.check_additive_bytes(single_head.additive_pair_bytes)
     if function == "mha_parameters":
-        return ex.check_mha_parameters(recall.mha_parameters)
+        return multi_head.check_mha_parameters(multi_head.mha_parameters)
     if function == "attention_flops":
-        return ex.check_attention_flops(recall.attention_flops)
+        return performance.check_attention_flops(measure.attention_flops)
     if function == "kv_cache_bytes":
-        return ex.check_cache_bytes(lambda batch, n_kv, context, hd, itemsize: recall.kv_cache_bytes(
-            batch, n_kv, context, hd, _ITEMSIZE[itemsize]))
+        return multi_head.check_cache_bytes(
+            lambda batch, n_kv, context, hd, itemsize: multi_head.kv_cache_bytes(
+                batch, n_kv, context, hd, _ITEMSIZE[itemsize]))
     if function in ("dot_variance", "saturation_width", "gradient_crossover", "scores_bytes",
                     "article_attention_shape", "model_cache_bytes"):
-        checker = {"dot_variance": ex.check_dot_variance,
-                   "saturation_width": ex.check_saturation_width,
-                   "gradient_crossover": ex.check_gradient_crossover,
-                   "scores_bytes": ex.check_scores_bytes,
-                   "article_attention_shape": ex.check_article_attention_shape,
-                   "model_cache_bytes": ex.check_model_cache_bytes}[function]
+        checker = {"dot_variance": single_head.check_dot_variance,
+                   "saturation_width": single_head.check_saturation_width,
+                   "gradient_crossover": single_head.check_gradient_crossover,
+                   "scores_bytes": performance.check_scores_bytes,
+                   "article_attention_shape": multi_head.check_article_attention_shape,
+                   "model_cache_bytes": decoding.check_model_cache_bytes}[function]
         return checker(value)
     if function == "repeat_kv_shape":  # the checker's reference is selfattn.repeat_kv
         shape, g = args
-        return (ex.check_repeat_kv(selfattn.repeat_kv)
+        return (multi_head.check_repeat_kv(selfattn.repeat_kv)
                 and value == tuple(selfattn.repeat_kv(torch.zeros(shape), g).shape))
     if function == "merge_heads_entry":  # ... selfattn.merge_heads; and the bug gives another
         shape, token, feature = args
         B, H, T, hd = shape
         bug = _from_arange(shape).reshape(B, T, H * hd)[0, token, feature]
-        return (ex.check_merge_heads(selfattn.merge_heads)
+        return (pitfalls.check_merge_heads(selfattn.merge_heads)
                 and value == int(selfattn.merge_heads(_from_arange(shape))[0, token, feature])
                 and value != int(bug))
     if function == "causal_pairs":  # ... selfattn.causal_mask; the bug (diagonal=-1) another
         (L,) = args
-        return (ex.check_causal_mask(selfattn.causal_mask)
+        return (single_head.check_causal_mask(selfattn.causal_mask)
                 and value == int(selfattn.causal_mask(L).sum())
                 and value != int(torch.ones(L, L).tril(diagonal=-1).sum()))
-    raise AssertionError(f"say in agrees() which checker recall.{function} agrees with")
+    raise AssertionError(f"say in agrees() which checker {function} agrees with")
 
 
 AGREES = ("additive_parameters", "additive_pair_bytes", "mha_parameters", "attention_flops",
@@ -331,8 +337,8 @@ AGREES = ("additive_parameters", "additive_pair_bytes", "mha_parameters", "atten
 
 @pytest.mark.parametrize("name, index, text", SELF_CHECKS, ids=lambda x: str(x)[:20])
 def test_each_expected_value_is_one_its_exercises_checker_accepts(name, index, text, capsys):
-    function, args, kind = _expected_call(text)
-    value = getattr(recall, function)(*args)
+    compute, function, args, kind = _expected_call(text)
+    value = compute(*args)
     check = self_check("q?", value, kind=kind)  # the kind fits the value
     assert agrees(function, check.expected, args) is True, capsys.readouterr().out
 
@@ -344,17 +350,17 @@ BYTE_FUNCTIONS = ("additive_pair_bytes", "kv_cache_bytes", "scores_bytes", "mode
 def test_units_are_accepted_exactly_where_the_answer_is_bytes(name, index, text):
     """A question about bytes passes unit="bytes" (the page then accepts "4 GiB"); any other
     question passes no unit, so that "256 GiB" is not a count of FLOPs."""
-    function, _, _ = _expected_call(text)
+    _, function, _, _ = _expected_call(text)
     unit = _keyword(text, "unit")
     assert set(BYTE_FUNCTIONS) <= set(AGREES)
     if function not in BYTE_FUNCTIONS:
-        assert unit is None, f"recall.{function} is not a size in bytes: pass no unit"
+        assert unit is None, f"{function} is not a size in bytes: pass no unit"
     else:
-        assert unit == "bytes", f"recall.{function} is a size in bytes: pass unit=\"bytes\""
+        assert unit == "bytes", f"{function} is a size in bytes: pass unit=\"bytes\""
 
 
 def test_the_flops_question_states_its_convention_and_hints_at_half():
-    (text,) = [t for _, _, t in SELF_CHECKS if _expected_call(t)[0] == "attention_flops"]
+    (text,) = [t for _, _, t in SELF_CHECKS if _expected_call(t)[1] == "attention_flops"]
     assert "multiply-add as 2 FLOPs" in text and "both matrix products" in text
     hints = _keyword(text, "hints")
     assert "multiply-add counts as two FLOPs" in hints[0.5]
@@ -362,9 +368,8 @@ def test_the_flops_question_states_its_convention_and_hints_at_half():
 
 
 def test_every_expected_value_function_is_paired_with_its_checker():
-    defined = {n for n, f in vars(recall).items() if callable(f) and not n.startswith(("_", "check_"))
-               and getattr(f, "__module__", "") == recall.__name__}
-    assert defined <= set(AGREES), defined - set(AGREES)
+    used = {_expected_call(text)[1] for _, _, text in SELF_CHECKS}
+    assert used == set(AGREES), used ^ set(AGREES)
     handled = inspect.getsource(agrees)
     assert all(f'"{name}"' in handled for name in AGREES)
 

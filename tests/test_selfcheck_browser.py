@@ -1,7 +1,7 @@
 """The self-checks in the built book, in a browser with no kernel (tests/test_browser.py's
 server, browser and page loading).
 
-On every page, every self-check (src/selfattn/book/selfcheck.py, wired by assets/selfcheck.js):
+On every page, every self-check (src/selfattn/book/kit/selfcheck.py, wired by assets/selfcheck.js):
 the script has wired it; a wrong answer gets "not yet" and what is off, without the answer; a
 unit is refused unless the question is about bytes (data-unit), where the answer typed with
 "bytes" is right; an answer at a hint's factor (data-hints) gets that hint; the expected value,

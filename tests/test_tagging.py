@@ -5,11 +5,12 @@ import itertools
 import pytest
 import torch
 
-from selfattn.book import data, models, train
+from selfattn.book import multi_head, positional_encoding, tagging
+from selfattn.book.kit import measure, train
 
 
 def test_labels_match_an_independent_rule():
-    d = data.tagging_task(300, seq_len=20, n_cues=3, seed=5)
+    d = tagging.tagging_task(300, seq_len=20, n_cues=3, seed=5)
     for i in range(len(d)):
         words = d.tokens[i].tolist()
         tags = d.tags[i].tolist()
@@ -28,11 +29,11 @@ def test_labels_match_an_independent_rule():
 
 
 def test_distances_cover_the_requested_range_and_seed_is_deterministic():
-    d = data.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
+    d = tagging.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
     assert set(d.distance.tolist()) == set(range(3, 10))
-    again = data.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
+    again = tagging.tagging_task(2000, seq_len=16, min_distance=3, max_distance=9, seed=1)
     assert torch.equal(d.tokens, again.tokens) and torch.equal(d.tags, again.tags)
-    assert not torch.equal(d.tokens, data.tagging_task(2000, seq_len=16, min_distance=3,
+    assert not torch.equal(d.tokens, tagging.tagging_task(2000, seq_len=16, min_distance=3,
                                                        max_distance=9, seed=2).tokens)
     assert d.words(0)[d.position[0]] == "saw"
 
@@ -40,14 +41,14 @@ def test_distances_cover_the_requested_range_and_seed_is_deterministic():
 @pytest.mark.parametrize("kwargs", [dict(min_distance=0), dict(max_distance=16), dict(vocab_size=5)])
 def test_bad_task_arguments(kwargs):
     with pytest.raises(ValueError):
-        data.tagging_task(10, seq_len=16, **kwargs)
+        tagging.tagging_task(10, seq_len=16, **kwargs)
 
 
 TAGGERS = {
-    "window": lambda v, c: models.WindowTagger(v, c, window=3),
-    "cnn": lambda v, c: models.CNNTagger(v, c),
-    "rnn": lambda v, c: models.RNNTagger(v, c),
-    "attention": lambda v, c: models.AttentionTagger(v, c),
+    "window": lambda v, c: tagging.WindowTagger(v, c, window=3),
+    "cnn": lambda v, c: tagging.CNNTagger(v, c),
+    "rnn": lambda v, c: tagging.RNNTagger(v, c),
+    "attention": lambda v, c: tagging.AttentionTagger(v, c),
 }
 
 
@@ -62,18 +63,18 @@ def test_taggers_run_on_any_batch_and_length(name, B, T):
 @pytest.mark.parametrize("name", TAGGERS)
 def test_one_training_step_lowers_the_loss(name):
     torch.manual_seed(0)
-    d = data.tagging_task(64, seq_len=12, seed=0)
+    d = tagging.tagging_task(64, seq_len=12, seed=0)
     model = TAGGERS[name](d.vocab_size, d.n_tags)
     h = train.train(model, d, steps=2, batch_size=64, lr=1e-2, progress=False)
     assert h.loss[1] < h.loss[0]
 
 
 def test_training_is_deterministic_with_a_seed():
-    d = data.tagging_task(200, seq_len=12, seed=0)
+    d = tagging.tagging_task(200, seq_len=12, seed=0)
     runs = []
     for _ in range(2):
         torch.manual_seed(3)
-        model = models.AttentionTagger(d.vocab_size, d.n_tags)
+        model = tagging.AttentionTagger(d.vocab_size, d.n_tags)
         runs.append((train.train(model, d, steps=5, progress=False).loss,
                      model.mlp[0].weight.clone()))
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
@@ -81,8 +82,8 @@ def test_training_is_deterministic_with_a_seed():
 
 def test_receptive_fields_of_window_and_cnn():
     # changing a token farther than the reach never changes the prediction at position 10
-    for model, reach in [(models.WindowTagger(20, 6, window=2), 2),
-                         (models.CNNTagger(20, 6, kernel=5, n_layers=2), 4)]:
+    for model, reach in [(tagging.WindowTagger(20, 6, window=2), 2),
+                         (tagging.CNNTagger(20, 6, kernel=5, n_layers=2), 4)]:
         x = torch.randint(3, 20, (1, 21))
         base = model(x)[0, 10]
         for j in range(21):
@@ -93,23 +94,23 @@ def test_receptive_fields_of_window_and_cnn():
 
 
 def test_window_parameters_grow_linearly_with_the_window():
-    counts = [models.count_parameters(models.WindowTagger(30, 5, d=8, window=w, hidden=10))
+    counts = [measure.count_parameters(tagging.WindowTagger(30, 5, d=8, window=w, hidden=10))
               for w in range(4)]
     steps = {b - a for a, b in itertools.pairwise(counts)}
     assert steps == {2 * 8 * 10}  # two more d-wide inputs into a hidden layer of 10
 
 
 def test_accuracy_by_distance_and_bad_length():
-    d = data.tagging_task(50, seq_len=10, seed=0)
-    model = models.AttentionTagger(d.vocab_size, d.n_tags, max_len=16)
-    acc = train.accuracy_by_distance(model, d)
+    d = tagging.tagging_task(50, seq_len=10, seed=0)
+    model = tagging.AttentionTagger(d.vocab_size, d.n_tags, max_len=16)
+    acc = tagging.accuracy_by_distance(model, d)
     assert set(acc) == set(d.distance.tolist()) and all(0 <= a <= 1 for a in acc.values())
     with pytest.raises(ValueError, match="max_len=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_neighbour_task_tags_are_the_two_neighbours():
-    d = data.neighbour_task(50, seq_len=7, vocab_size=4, seed=0)
+    d = multi_head.neighbour_task(50, seq_len=7, vocab_size=4, seed=0)
     assert d.n_tags == 25 and d.tokens.shape == d.tags.shape == (50, 7)
     for i in range(50):
         x = d.tokens[i].tolist()
@@ -118,26 +119,26 @@ def test_neighbour_task_tags_are_the_two_neighbours():
             right = x[t + 1] if t < 6 else 4
             assert d.tags[i, t] == left * 5 + right
     with pytest.raises(ValueError, match="seq_len"):
-        data.neighbour_task(5, seq_len=1)
+        multi_head.neighbour_task(5, seq_len=1)
 
 
 def test_recent_cue_tags_follow_an_independent_rule():
-    task = data.recent_cue_task(50, seq_len=20, n_cues=3, vocab_size=10, seed=4)
+    task = positional_encoding.recent_cue_task(50, seq_len=20, n_cues=3, vocab_size=10, seed=4)
     for tokens, tags in zip(task.tokens.tolist(), task.tags.tolist(), strict=True):
         last = None
         for token, tag in zip(tokens, tags, strict=True):
             if 1 <= token <= 3:
                 last = token
             assert tag == (3 if last is None else last - 1)
-    assert task.n_tags == 4 and torch.equal(task.tokens, data.recent_cue_task(50, 20, 3, seed=4,
-                                                                         vocab_size=10).tokens)
+    again = positional_encoding.recent_cue_task(50, 20, 3, seed=4, vocab_size=10)
+    assert task.n_tags == 4 and torch.equal(task.tokens, again.tokens)
 
 
 @pytest.mark.parametrize("positions", ["none", "sinusoidal", "learned", "rope", "alibi"])
 def test_every_position_scheme_trains_causally(positions):
     torch.manual_seed(0)
-    model = models.AttentionTagger(16, 5, d=16, n_heads=2, max_len=24, positions=positions, causal=True)
-    tokens = data.recent_cue_task(4, seq_len=12).tokens
+    model = tagging.AttentionTagger(16, 5, d=16, n_heads=2, max_len=24, positions=positions, causal=True)
+    tokens = positional_encoding.recent_cue_task(4, seq_len=12).tokens
     logits, w = model(tokens, need_weights=True)
     assert logits.shape == (4, 12, 5) and w.shape == (4, 2, 12, 12)
     assert (w.triu(1) == 0).all(), "a causal model attends to no later token"
@@ -149,16 +150,17 @@ def test_every_position_scheme_trains_causally(positions):
 
 def test_learned_positions_beyond_training_get_no_gradient():
     torch.manual_seed(0)
-    model = models.AttentionTagger(16, 5, d=16, max_len=32, positions="learned", causal=True)
+    model = tagging.AttentionTagger(16, 5, d=16, max_len=32, positions="learned", causal=True)
     before = model.learned.table.weight.detach().clone()
-    train.train(model, data.recent_cue_task(64, seq_len=8), steps=3, batch_size=8, progress=False)
+    task = positional_encoding.recent_cue_task(64, seq_len=8)
+    train.train(model, task, steps=3, batch_size=8, progress=False)
     after = model.learned.table.weight.detach()
     assert not torch.equal(after[:8], before[:8]) and torch.equal(after[8:], before[8:])
 
 
 @pytest.mark.parametrize("name", ["window", "attention"])
 def test_train_seeds_gives_the_models_that_separate_trainings_give(name):
-    task = data.tagging_task(300, seq_len=12, seed=3)
+    task = tagging.tagging_task(300, seq_len=12, seed=3)
 
     def make():
         return TAGGERS[name](task.vocab_size, task.n_tags)
@@ -193,7 +195,7 @@ class NormedTagger(torch.nn.Module):
 
 
 def test_train_seeds_gives_back_the_buffers_training_changed():
-    task = data.tagging_task(100, seq_len=12, seed=3)
+    task = tagging.tagging_task(100, seq_len=12, seed=3)
 
     def make():
         return NormedTagger(task.vocab_size, task.n_tags)
@@ -213,12 +215,12 @@ def test_train_seeds_gives_back_the_buffers_training_changed():
 
 def test_train_seeds_needs_a_seed():
     with pytest.raises(ValueError, match="at least one seed"):
-        train.train_seeds(lambda: TAGGERS["window"](20, 6), data.tagging_task(10, seq_len=12),
+        train.train_seeds(lambda: TAGGERS["window"](20, 6), tagging.tagging_task(10, seq_len=12),
                           seeds=[])
 
 
 def test_decoy_cues_sit_after_the_word_and_never_decide():
-    d = data.tagging_task(300, seq_len=12, n_cues=3, decoys=2, seed=6)
+    d = tagging.tagging_task(300, seq_len=12, n_cues=3, decoys=2, seed=6)
     for i in range(len(d)):
         words = d.tokens[i].tolist()
         amb = words.index(0)
@@ -229,14 +231,14 @@ def test_decoy_cues_sit_after_the_word_and_never_decide():
         assert all(words[j] != words[before[0]] for j in cues if j > amb)  # decoys differ
         assert all(d.tags[i, j] == 3 + words[j] - 1 for j in cues)  # cues keep their own tags
     with pytest.raises(ValueError, match="decoys"):
-        data.tagging_task(5, seq_len=12, decoys=-1)
+        tagging.tagging_task(5, seq_len=12, decoys=-1)
     with pytest.raises(ValueError, match="seq_len - 1 - decoys"):
-        data.tagging_task(5, seq_len=12, max_distance=11, decoys=1)
+        tagging.tagging_task(5, seq_len=12, max_distance=11, decoys=1)
 
 
 def test_the_mean_pool_tagger_sees_every_word_but_not_where_it_is():
     torch.manual_seed(0)
-    model = models.MeanPoolTagger(20, 6, d=8)
+    model = tagging.MeanPoolTagger(20, 6, d=8)
     tokens = torch.randint(0, 20, (3, 9))
     perm = torch.randperm(9)
     torch.testing.assert_close(model(tokens[:, perm]), model(tokens)[:, perm])  # order-blind
@@ -246,7 +248,7 @@ def test_the_mean_pool_tagger_sees_every_word_but_not_where_it_is():
 
 
 def test_snapshots_hold_the_weights_along_the_way_in_both_trainers():
-    task = data.tagging_task(100, seq_len=12, seed=3)
+    task = tagging.tagging_task(100, seq_len=12, seed=3)
 
     def make():
         return TAGGERS["attention"](task.vocab_size, task.n_tags)
@@ -282,11 +284,11 @@ def test_seed_table_shows_mean_spread_and_every_seed():
 
 def test_the_order_blind_ceiling_by_hand_and_against_a_brute_force_guess():
     # tokens: filler 9, cue 1, filler, cue 2, cue 1, filler -> positions and what a bag can know
-    task = data.Sequences(torch.tensor([[9, 1, 9, 2, 1, 9]]), torch.zeros(1, 6, dtype=torch.long), 10, 5)
+    task = train.Sequences(torch.tensor([[9, 1, 9, 2, 1, 9]]), torch.zeros(1, 6, dtype=torch.long), 10, 5)
     # 9: none yet (1); 1: itself (1); 9: only c1 seen (1); 2: itself; 1: itself; 9: {c1: 2, c2: 1} -> 2/3
-    assert data.order_blind_accuracy(task) == pytest.approx((5 + 2 / 3) / 6)
+    assert positional_encoding.order_blind_accuracy(task) == pytest.approx((5 + 2 / 3) / 6)
     # on real data, it is an upper bound for a guess that ignores order: most frequent earlier cue
-    real = data.recent_cue_task(300, seq_len=24, seed=2)
+    real = positional_encoding.recent_cue_task(300, seq_len=24, seed=2)
     guess_right = 0
     for tokens, tags in zip(real.tokens.tolist(), real.tags.tolist(), strict=True):
         counts = [0] * 5
@@ -299,22 +301,22 @@ def test_the_order_blind_ceiling_by_hand_and_against_a_brute_force_guess():
             else:
                 guess = 4
             guess_right += guess == tag
-    assert guess_right / real.tokens.numel() <= data.order_blind_accuracy(real) + 0.01
+    assert guess_right / real.tokens.numel() <= positional_encoding.order_blind_accuracy(real) + 0.01
 
 
 def test_the_order_blind_ceiling_reads_the_cues_from_the_task():
     # six cues (seven tags): cue 5, filler, cue 6, cue 5, filler -> the last filler has seen
     # {c5: 2, c6: 1}, so 2/3; every other token is always right
-    task = data.Sequences(torch.tensor([[5, 9, 6, 5, 9]]), torch.zeros(1, 5, dtype=torch.long), 10, 7)
-    assert data.order_blind_accuracy(task) == pytest.approx((4 + 2 / 3) / 5)
-    six = data.recent_cue_task(200, n_cues=6, seed=1)
-    assert six.n_tags == 7 and data.order_blind_accuracy(six) < 0.75
+    task = train.Sequences(torch.tensor([[5, 9, 6, 5, 9]]), torch.zeros(1, 5, dtype=torch.long), 10, 7)
+    assert positional_encoding.order_blind_accuracy(task) == pytest.approx((4 + 2 / 3) / 5)
+    six = positional_encoding.recent_cue_task(200, n_cues=6, seed=1)
+    assert six.n_tags == 7 and positional_encoding.order_blind_accuracy(six) < 0.75
 
 
 def test_the_causal_average_sees_only_the_words_up_to_each_one():
     torch.manual_seed(0)
-    causal, mean = models.CausalMeanTagger(20, 6), models.MeanPoolTagger(20, 6)
-    assert models.count_parameters(causal) == models.count_parameters(mean)
+    causal, mean = tagging.CausalMeanTagger(20, 6), tagging.MeanPoolTagger(20, 6)
+    assert measure.count_parameters(causal) == measure.count_parameters(mean)
     causal.load_state_dict(mean.state_dict())  # the same weights: only the average differs
     tokens = torch.randint(0, 20, (2, 9))
     later = tokens.clone()
@@ -327,7 +329,7 @@ def test_the_causal_average_sees_only_the_words_up_to_each_one():
 
 
 def test_gradient_by_distance_is_the_norm_of_each_jacobian_block():
-    from selfattn.book import measure
+    from selfattn.book import tagging
 
     torch.manual_seed(0)
     T, d = 7, 3
@@ -337,20 +339,20 @@ def test_gradient_by_distance_is_the_norm_of_each_jacobian_block():
     def layer(x):
         return torch.einsum("ts,bsd->btd", mix, x) @ W  # (B, T, 5)
 
-    got = measure.gradient_by_distance(layer, torch.randn(1, T, d), t=4)
+    got = tagging.gradient_by_distance(layer, torch.randn(1, T, d), t=4)
     assert torch.allclose(got, mix[4].abs() * W.norm(), rtol=1e-5)
     # a GRU at its default initialisation: the gradient from far back is far smaller
     gru = torch.nn.GRU(d, d, batch_first=True)
-    far = measure.gradient_by_distance(lambda x: gru(x)[0], torch.randn(1, 40, d), t=39)
+    far = tagging.gradient_by_distance(lambda x: gru(x)[0], torch.randn(1, 40, d), t=39)
     assert far[0] < 1e-3 * far[38]
 
 
 def test_cue_report_measures_the_gradient_at_the_scores():
-    from selfattn.book import measure
+    from selfattn.book import tagging
 
     torch.manual_seed(0)
-    task = data.tagging_task(200, seq_len=12, seed=0)
-    model = models.AttentionTagger(task.vocab_size, task.n_tags, d=16, n_heads=2)
+    task = tagging.tagging_task(200, seq_len=12, seed=0)
+    model = tagging.AttentionTagger(task.vocab_size, task.n_tags, d=16, n_heads=2)
     tokens = task.tokens[:8]
     bias = torch.zeros(8, 2, 12, 12, requires_grad=True)
     with_bias, w = model(tokens, need_weights=True, score_bias=bias)
@@ -361,8 +363,8 @@ def test_cue_report_measures_the_gradient_at_the_scores():
     # dL/ds sums to 0 (a bias added after the softmax would not)
     assert ds.abs().max() > 0 and torch.allclose(ds.sum(-1), torch.zeros(8, 2, 12), atol=1e-7)
     a = w.detach()
-    r = measure.cue_report(model, task)
-    right = train.ambiguous_correct(model, task)
+    r = tagging.cue_report(model, task)
+    right = tagging.ambiguous_correct(model, task)
     cue = task.tokens[torch.arange(len(task)), task.cue_position]
     for c in range(1, task.n_cues + 1):
         assert r.accuracy[c - 1] == pytest.approx(right[cue == c].float().mean().item())
@@ -372,17 +374,17 @@ def test_cue_report_measures_the_gradient_at_the_scores():
 
 
 def test_seed_rows_fit_the_page_for_ten_seeds():
-    from selfattn.book import measure
+    from selfattn.book.kit import train
 
     arms = {"window (w=3)": [0.2] * 10, "CNN (2 x width 5)": [0.25] * 10,
             "mean-pool": [1.0] * 10, "self-attention": [1.0] * 9 + [0.5]}
-    table = measure.seed_rows(arms, range(100, 110))
+    table = train.seed_rows(arms, range(100, 110))
     lines = table.splitlines()
     assert max(len(line) for line in lines) <= 86
     assert lines[2].startswith("100") and lines[-2].split()[-1] == "95.0%"
     assert lines[-1].split()[-1] == "50.0%..100.0%"
     with pytest.raises(ValueError, match="one value per seed"):
-        measure.seed_rows({"a": [1.0]}, range(2))
+        train.seed_rows({"a": [1.0]}, range(2))
 
 
 def test_seed_table_puts_ten_seeds_under_their_arm_to_fit_the_page():
@@ -396,9 +398,9 @@ def test_seed_table_puts_ten_seeds_under_their_arm_to_fit_the_page():
 
 
 def test_seed_rows_never_print_minus_zero_and_fit_wide_seeds():
-    from selfattn.book import measure
+    from selfattn.book.kit import train
 
-    table = measure.seed_rows({"gap": [-0.004] * 9 + [0.5]}, range(99995, 100005), fmt="{:.0%}")
+    table = train.seed_rows({"gap": [-0.004] * 9 + [0.5]}, range(99995, 100005), fmt="{:.0%}")
     lines = table.splitlines()
     assert "-0%" not in table and lines[2].split() == ["99995", "0%"]
     assert len({line.index("%") for line in lines[2:-1]}) == 1  # one column, aligned
@@ -406,9 +408,9 @@ def test_seed_rows_never_print_minus_zero_and_fit_wide_seeds():
 
 
 def test_default_sense_removes_the_cue_and_reads_the_fallback():
-    from selfattn.book import measure
+    from selfattn.book import tagging
 
-    task = data.tagging_task(64, seq_len=12, seed=0)
+    task = tagging.tagging_task(64, seq_len=12, seed=0)
 
     class Eliminator(torch.nn.Module):
         """Tags 'saw' with the sense of any cue it sees, else sense 2: elimination of cue 3."""
@@ -426,7 +428,7 @@ def test_default_sense_removes_the_cue_and_reads_the_fallback():
             logits[torch.arange(len(tokens)), :, sense] = 1.0
             return logits
 
-    share = measure.default_sense(Eliminator(), task)
+    share = tagging.default_sense(Eliminator(), task)
     assert share.shape == (task.n_cues,) and share.tolist() == [0.0, 0.0, 1.0, 0.0]
     assert (task.tokens[torch.arange(64), task.cue_position] >= 1).all()  # task left as it was
 
@@ -435,10 +437,10 @@ def test_train_cache_gives_back_what_training_gave_random_state_included(tmp_pat
     """SELFATTN_TRAIN_CACHE (make test's second run of the explorer chapters): a repeated call
     loads the same models, losses, snapshots and global random state without training; any
     change in the data, the settings or the initial weights misses the cache."""
-    task = data.tagging_task(200, seq_len=12, seed=3)
+    task = tagging.tagging_task(200, seq_len=12, seed=3)
 
     def make():
-        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16)
+        return tagging.AttentionTagger(task.vocab_size, task.n_tags, d=16)
 
     def run(**kwargs):
         settings = dict(seeds=[4, 7], steps=4, batch_size=8, progress=False, snapshot_every=2)
@@ -462,11 +464,11 @@ def test_train_cache_gives_back_what_training_gave_random_state_included(tmp_pat
     run(seeds=[4, 8])
 
     def no_positions():  # the same weights as make(): only a setting and a buffer differ
-        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16, positions="none")
+        return tagging.AttentionTagger(task.vocab_size, task.n_tags, d=16, positions="none")
 
     train.train_seeds(no_positions, task, seeds=[4, 7], steps=4, batch_size=8, progress=False,
                       snapshot_every=2)
-    other = data.tagging_task(200, seq_len=12, seed=4)
+    other = tagging.tagging_task(200, seq_len=12, seed=4)
     train.train_seeds(make, other, seeds=[4, 7], steps=4, batch_size=8, progress=False)
     assert len(list(tmp_path.glob("*.pt"))) == 5
 
@@ -475,13 +477,13 @@ def test_train_cache_never_serves_a_model_its_key_cannot_describe(tmp_path, monk
     """Frozen weights, a different tensor setting, hooks and classes without a source file
     (typed in a notebook) must not load another model's training (the reviewer's collisions)."""
     monkeypatch.setenv(train.TRAIN_CACHE, str(tmp_path))
-    task = data.tagging_task(100, seq_len=12, seed=3)
+    task = tagging.tagging_task(100, seq_len=12, seed=3)
 
     def run(make):
         return train.train_seeds(make, task, seeds=[4], steps=3, batch_size=8, progress=False)[0]
 
     def plain():
-        return models.AttentionTagger(task.vocab_size, task.n_tags, d=16)
+        return tagging.AttentionTagger(task.vocab_size, task.n_tags, d=16)
 
     def frozen():
         m = plain()
@@ -503,8 +505,8 @@ def test_train_cache_never_serves_a_model_its_key_cannot_describe(tmp_path, monk
     assert not torch.equal(got.mlp[0].weight, reference.mlp[0].weight)  # trained, not loaded
     assert len(list(tmp_path.glob("*.pt"))) == 2  # and not stored
 
-    namespace = {"nn": torch.nn, "models": models}
-    exec("class Typed(models.AttentionTagger):\n    pass\n", namespace)  # no source file
+    namespace = {"nn": torch.nn, "tagging": tagging}
+    exec("class Typed(tagging.AttentionTagger):\n    pass\n", namespace)  # no source file
 
     def typed():
         return namespace["Typed"](task.vocab_size, task.n_tags, d=16)

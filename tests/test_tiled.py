@@ -11,7 +11,7 @@ from reference import counted_flops, pytorch_reference
 
 import selfattn
 from selfattn import tiled
-from selfattn.book.measure import peak_memory, saved_tensor_bytes
+from selfattn.book.kit.measure import peak_memory, saved_tensor_bytes
 from selfattn.tiled import online_softmax, running_max_and_sum, tiled_attention
 
 F64 = torch.float64

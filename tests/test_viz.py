@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.book import viz
+from selfattn.book.kit import train, viz
 
 widget_registry = widgets.widgets.widget._instances  # every live widget, by model id
 
@@ -195,11 +195,11 @@ def test_explorer_draws_any_figure_too(static):
 
 
 def test_seed_frame_has_a_row_per_seed_then_the_mean_and_range():
-    frame = viz.seed_frame({"a": [0.5, 0.25], "b": [0.1, 0.3]}, seeds=range(7, 9))
+    frame = train.seed_frame({"a": [0.5, 0.25], "b": [0.1, 0.3]}, seeds=range(7, 9))
     assert list(frame.index) == ["seed 7", "seed 8", "mean", "range"]
     assert list(frame.columns) == ["a", "b"]
     assert frame.loc["mean", "a"] == "37.5%" and frame.loc["range", "b"] == "10.0%..30.0%"
-    plain = viz.seed_frame({"a": [0.5, 0.25]}, seeds=[0, 1], percent=False, digits=2)
+    plain = train.seed_frame({"a": [0.5, 0.25]}, seeds=[0, 1], percent=False, digits=2)
     assert plain.loc["seed 1", "a"] == "0.25" and plain.loc["mean", "a"] == "0.38"
     with pytest.raises(ValueError, match="3 seeds"):
-        viz.seed_frame({"a": [0.5, 0.25]}, seeds=[0, 1, 2])
+        train.seed_frame({"a": [0.5, 0.25]}, seeds=[0, 1, 2])

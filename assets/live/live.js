@@ -1,6 +1,6 @@
 /* Live explorers: a sentence typed in the page, its attention computed here, in the browser.
  *
- * The book build writes each explorer's spec into the page (selfattn.book.live: the trained
+ * The book build writes each explorer's spec into the page (selfattn.book.kit.live: the trained
  * weights as float32 base64, the vocabulary, the tags), inside
  *   <div class="selfattn-live"><script type="application/json" class="selfattn-live-spec">
  * This script finds those, runs the same forward pass as PyTorch on the typed words, and draws
@@ -88,7 +88,7 @@
     return { weights: [[rows]], masked: causal ? (i, j) => j > i : null };
   }
 
-  // chapters 1 and 5: selfattn.book.models.AttentionTagger
+  // chapters 1 and 5: selfattn.book.tagging.AttentionTagger
   function taggerForward(model, ids) {
     const c = model.config, W = weightsOf(model), T = ids.length, d = c.d;
     if (T > c.max_len) throw new Error(`at most ${c.max_len} tokens`);
@@ -154,7 +154,7 @@
     return { weights: [weights], logits: rows, masked };
   }
 
-  // the task's own rule, to say where the model agrees (selfattn.book.data)
+  // the task's own rule, to say where the model agrees (selfattn.book.tagging, selfattn.book.positional_encoding)
   function ruleTags(rule, words) {
     const cue = (w) => (/^c\d+$/.test(w) ? Number(w.slice(1)) : 0);
     if (rule === "latest_cue") { // every token: the latest cue at or before it

@@ -1,21 +1,31 @@
-"""The book's apparatus around the attention library: what the chapters need, not what they teach.
+"""The book's apparatus around the attention library, laid out like the table of contents.
 
-* :mod:`.data`, :mod:`.models`, :mod:`.train`: the synthetic tagging tasks, the small taggers and
-  their training over seeds;
-* :mod:`.viz`, :mod:`.diagrams`: heatmaps and explorers, and the schematic figures;
-* :mod:`.live`: live explorers for the static page (a model's forward pass in JavaScript);
-* :mod:`.measure`, :mod:`.baselines`, :mod:`.bench`: timing, memory and FLOPs, what the library is
-  measured against, and ``make bench``;
-* :mod:`.pretrained`: all-MiniLM-L6-v2 rebuilt from the library (chapter 10);
-* :mod:`.exercises`: the chapters' checkers; :mod:`.selfcheck`: the page's self-checks.
+One module per topic holds that topic's tasks, experiments, figures, diagrams and exercise
+checkers, so a chapter's code is in one file:
 
-Each submodule loads on first use (``selfattn.book.viz``), so ``import selfattn.book`` stays cheap.
+=================  =====================================================================
+module             chapters
+=================  =====================================================================
+:mod:`.tagging`    1 sequence labeling (its tasks and taggers serve chapters 3 to 7 too)
+:mod:`.single_head` 2 self-attention, 3 scoring functions, 4 the scale
+:mod:`.positional_encoding` 5 positional encoding
+:mod:`.multi_head` 6 multi-head attention, 7 multi-query attention and the KV cache
+:mod:`.pitfalls`   8 pitfalls
+:mod:`.performance` 9 performance
+:mod:`.pretrained` 10 a real pretrained model
+:mod:`.decoding`   11 decoding in practice
+=================  =====================================================================
+
+:mod:`.kit` is what every topic shares (measurement, training and the seed rule, drawing,
+checker scaffolding, the page's self-checks and live explorers); :mod:`.bench` is ``make bench``.
+Each submodule loads on first use (``selfattn.book.tagging``), so ``import selfattn.book`` stays
+cheap.
 """
 
 import importlib
 
-_SUBMODULES = ("baselines", "bench", "data", "diagrams", "exercises", "live", "measure", "models",
-               "pretrained", "selfcheck", "train", "viz")
+_SUBMODULES = ("bench", "decoding", "kit", "multi_head", "performance", "pitfalls", "positional_encoding",
+               "pretrained", "single_head", "tagging")
 
 __all__ = list(_SUBMODULES)
 

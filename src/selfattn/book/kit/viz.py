@@ -31,18 +31,32 @@ from matplotlib.patches import Rectangle
 
 if TYPE_CHECKING:
     import ipywidgets
-    import pandas as pd
+
 
 ANNOTATE_UP_TO = 12  # annotate every cell only while the matrix is at most this many tokens wide
+
+
 ANNOTATION_PT = 9  # the numbers in the cells
+
+
 # The book's content column is 688 px wide in a 1280 px window: a notebook figure (100 dpi) up to
 # PAGE_WIDTH inches wide and an explorer picture (72 dpi) up to EXPLORER_WIDTH inches are shown at
 # full size, so text of 7 pt and 9 pt respectively stays at least 9 px tall on the page.
 PAGE_WIDTH = 6.8
+
+
 EXPLORER_WIDTH = 9.4
+
+
 EXPLORER_DPI = 72
+
+
 MAX_STATES = 48  # a static explorer precomputes at most this many heatmaps ...
+
+
 MAX_PAGE_BYTES = 3_000_000  # ... and at most this many bytes of PNG, about 20-40 KB each
+
+
 STATIC_ENV = "SELFATTN_STATIC"  # set to 1 (the Makefile's book build does) for static explorers
 
 
@@ -399,26 +413,3 @@ def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
         x = x.detach().cpu()
         return x.numpy() if x.dtype == torch.bool else x.float().numpy()
     return np.asarray(x)
-
-
-
-def seed_frame(results: Mapping[str, Sequence[float]], seeds: Sequence[int],
-               percent: bool = True, digits: int = 3) -> pd.DataFrame:
-    """One number per seed for each arm of an experiment, as a table narrow enough for the page
-    at ten seeds and more: a column per arm, a row per seed, then the mean and the range
-    (lowest..highest) over seeds. ``train.seed_table`` holds the same numbers, one line per arm."""
-    import pandas as pd
-
-    seeds = list(seeds)
-    for arm, values in results.items():
-        if len(values) != len(seeds):
-            raise ValueError(f"arm {arm!r} has {len(values)} values for {len(seeds)} seeds")
-
-    def fmt(x: float) -> str:
-        return f"{x:.1%}" if percent else f"{x:.{digits}f}"
-
-    table = {arm: [fmt(v) for v in values]
-             + [fmt(sum(values) / len(values)), f"{fmt(min(values))}..{fmt(max(values))}"]
-             for arm, values in results.items()}
-    index = [f"seed {s}" for s in seeds] + ["mean", "range"]
-    return pd.DataFrame(table, index=index)

@@ -1,11 +1,18 @@
-"""The steps every checker is built from: call the reader's code, check the answer's type and
-shape, report.
+"""The steps every exercise checker is built from: call the reader's code, check the answer's
+type and shape, report.
 
-A checker never raises: a reader's half-written answer (``None``, an exception inside their
-function) gets a short message, so a chapter always runs top to bottom. A check is written as
-``check(answer) -> success message`` that raises :class:`NotYet` with what is still wrong;
-:func:`_checker` turns it into the function the chapter calls, which prints the verdict and
-returns True or False.
+A chapter calls a topic's ``check_...(answer)`` (``selfattn.book.tagging.check_cnn_reach``); the
+checker prints "✓ Correct: ..." or "✗ Not yet: ..." and returns True or False. It never raises: a
+reader's half-written answer (``None``, an exception inside their function) gets a short message,
+so a chapter always runs top to bottom. A check is written as ``check(answer) -> success
+message`` that raises :class:`NotYet` with what is still wrong; :func:`_checker` turns it into the
+function the chapter calls, which prints the verdict and returns True or False.
+
+A build-it checker runs the reader's piece of attention against the library's, with the weights
+copied or on identical inputs; when the answer is wrong it recomputes the typical mistakes and
+names the one the answer matches (:func:`_first_match`). Every check uses its own seeded
+generator, and builds the library's layers with the global random state saved and restored
+(:func:`_seeded_layer`), so running a checker leaves a chapter's random numbers as they were.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import textwrap
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
+
+from ...multihead import MultiHeadAttention
 
 
 class NotYet(Exception):
@@ -83,3 +93,31 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: floa
         return torch.allclose(got.detach().to(want.dtype), want, atol=atol, rtol=rtol)
     except (RuntimeError, TypeError):
         return False
+
+
+def _seeded_layer(seed: int, *args: object, **kwargs: object) -> MultiHeadAttention:
+    """A :class:`MultiHeadAttention` whose weights come from ``seed``, in eval mode; the global
+    random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MultiHeadAttention(*args, **kwargs).eval()
+
+
+def _equal(got: Tensor, want: Tensor) -> bool:
+    """Exactly ``want`` (values moved, never computed), whatever dtype the reader returned."""
+    try:
+        return got.shape == want.shape and torch.equal(got.detach().to(want.dtype), want)
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _first_match(got: Tensor, candidates: list[tuple[Callable[[], Tensor], str]],
+                 atol: float = 1e-3) -> str | None:
+    """The hint of the first typical mistake whose result ``got`` equals, if any. Only a wrong
+    answer is compared, so the tolerance can be loose: the mistakes differ from the right answer,
+    and from each other, by far more."""
+    for compute, hint in candidates:
+        wrong = compute()
+        if wrong.shape == got.shape and _close(got, wrong, atol=atol, rtol=1e-3):
+            return hint
+    return None

@@ -2,13 +2,13 @@
 reader's browser with no kernel.
 
 A chapter's exercise asks the reader to write an answer and call a checker from
-:mod:`selfattn.book.exercises`; in the static book there is no kernel to run it. So an exercise
+its topic's module; in the static book there is no kernel to run it. So an exercise
 whose answer is a value also gets a self-check: a ``remove-input`` cell right after the exercise's
 text that calls :func:`self_check` with the question, at concrete sizes, and the expected value,
-computed by the build from the checker's own reference (:mod:`selfattn.book.exercises.recall`),
-never typed in. What the cell displays depends on where it runs:
+computed by the build from the checker's own reference (the function of the topic's module that
+its checker uses), never typed in. What the cell displays depends on where it runs:
 
-* in the book build (``SELFATTN_STATIC=1``, :data:`selfattn.book.viz.STATIC_ENV`): HTML with the
+* in the book build (``SELFATTN_STATIC=1``, :data:`selfattn.book.kit.viz.STATIC_ENV`): HTML with the
   question, a text box, a Check button and a verdict line (``role="status"``); the expected value
   and the kind sit in ``data-`` attributes, which the book's ``assets/selfcheck.js`` reads;
 * in a live kernel (Jupyter, Colab), where that script is not loaded: one line of plain text that
@@ -55,10 +55,20 @@ from dataclasses import dataclass
 from .viz import STATIC_ENV
 
 KINDS = ("number", "count", "shape")
+
+
 UNITS = ("bytes",)  # the units a number or a count may take (self_check's ``unit``)
+
+
 DEFAULT_RTOL = 1e-6  # a number is right within this relative tolerance, unless rtol says otherwise
+
+
 CLOSE = 0.01  # a wrong number or count within this relative distance is "close" (selfcheck.js)
+
+
 MAX_EXACT = 2**53 - 1  # the largest whole number JavaScript holds exactly (Number.MAX_SAFE_INTEGER)
+
+
 _PLACEHOLDER = {"number": "a number, e.g. 0.5, 1e6 or 2**20",
                 "count": "a whole number, e.g. 1,024 or 2**10",
                 "shape": "a shape, e.g. (2, 8, 16)",

@@ -1,0 +1,1430 @@
+"""Chapter 11, decoding in practice: a tiny causal language model, caches against recomputing,
+the block step, attention sinks beside a sliding window, the caches' diagrams (paged block
+tables, rolling buffers, latent attention), and the chapter's checkers.
+
+* :func:`latent_attention`: MLA's latent, up-projections and decoupled RoPE key.
+* :func:`paged_block_table`: PagedAttention's block tables, each request's logical blocks onto
+  one shared pool, drawn from a real :class:`~selfattn.cache.BlockPool` and one
+  :class:`~selfattn.cache.PagedKVCache` per request.
+* :func:`rolling_sink_buffer`: which position each slot of a :class:`~selfattn.cache.SinkCache`
+  (and a :class:`~selfattn.cache.SlidingWindowCache`) holds after ``t`` tokens, read from its buffer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+from matplotlib.patches import FancyBboxPatch
+from torch import Tensor, nn
+
+from ..attention import scaled_dot_product_attention
+from ..cache import Cache, KVCache
+from ..checks import check_positive_int
+from ..heads import merge_heads, repeat_kv, split_heads
+from ..masks import causal_mask
+from ..multihead import MultiHeadAttention
+from ..positional import apply_rope
+from .kit.checkers import NotYet, _call, _checker, _close, _equal, _number, _seeded_layer, _tensor
+from .kit.draw import (
+    _TAB,
+    GREY,
+    INK,
+    MONO,
+    OUT,
+    Diagram,
+    K,
+    Q,
+    V,
+    _arrow,
+    _box,
+    _canvas,
+    _runs,
+    _slot_range,
+    _text,
+    _tint,
+)
+from .kit.measure import decode_bytes, synchronize
+from .kit.train import Sequences, train
+from .kit.viz import PAGE_WIDTH
+from .tagging import AttentionTagger, ambiguous_correct, tagging_task
+
+BOS = 0
+
+
+@dataclass(frozen=True)
+class SinkData(Sequences):
+    """A batch of the sink task (:func:`sink_task`)."""
+
+    trigger: Tensor  # (N, T) bool: a trigger at t >= lag, tagged with the token lag back
+    lag: int
+    n_triggers: int
+    bos: bool  # does position 0 hold BOS (True), or an ordinary random token (False)?
+
+
+def sink_task(n: int, seq_len: int = 32, vocab_size: int = 16, n_triggers: int = 6, lag: int = 2,
+              n_filler_tags: int = 4, bos: bool = True, seed: int = 0) -> SinkData:
+    """A task where a causal head has, most of the time, nothing useful to attend to.
+
+    Position 0 holds :data:`BOS`; every other token is drawn uniformly from ``1..vocab_size-1``.
+    Tokens ``1..n_triggers`` are *triggers*: a trigger at ``t >= lag`` is tagged with the token
+    ``lag`` positions back (tag ``c`` for token ``c``, a copy). Every other token is tagged by
+    itself alone, ``vocab_size + token % n_filler_tags``. So a head must look back ``lag``
+    tokens from a trigger, and has nothing to fetch from any other token. This is a tagging
+    version of the Bigram-Backcopy task of Guo et al. (2024, "Active-Dormant Attention Heads",
+    §2), where a one-layer model's head parks on BOS whenever it has nothing to do (there the
+    trigger copies the previous token and the other tokens follow a bigram model; here the
+    copy is ``lag`` back and the tokens are uniform). Everything a tag depends on lies within
+    ``lag + 1`` tokens: a window of recent tokens holds all the information.
+
+    ``bos=False``: position 0 holds an ordinary random token instead, and every other token is
+    what the same ``seed`` gives with BOS (the control that separates "the first position" from
+    "the BOS token"). ``trigger`` marks the triggers at ``t >= lag``. The same seed always gives
+    the same data.
+    """
+    check_positive_int(n, "n")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(vocab_size, "vocab_size")
+    check_positive_int(n_filler_tags, "n_filler_tags")
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
+        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len!r}")
+    if isinstance(n_triggers, bool) or not isinstance(n_triggers, int) \
+            or not 1 <= n_triggers <= vocab_size - 2:
+        raise ValueError(f"need 1 <= n_triggers <= vocab_size - 2 = {vocab_size - 2} (BOS, the "
+                         f"triggers and at least one ordinary token), got n_triggers={n_triggers!r}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, vocab_size, (n, seq_len), generator=g)  # (N, T)
+    if bos:
+        tokens[:, 0] = BOS
+    trigger = (tokens >= 1) & (tokens <= n_triggers)  # (N, T): BOS is never a trigger
+    trigger[:, :lag] = False  # nothing lag back to copy
+    back = torch.roll(tokens, lag, dims=1)  # (N, T): the token lag back (wrapped where t < lag)
+    tags = torch.where(trigger, back, vocab_size + tokens % n_filler_tags)  # (N, T)
+    return SinkData(tokens, tags, vocab_size, vocab_size + n_filler_tags, trigger, lag, n_triggers,
+                    bos)
+
+
+class DecoderBlock(nn.Module):
+    r"""One pre-norm decoder block (GPT-2's order; Xiong et al. 2020, "On Layer Normalization in
+    the Transformer Architecture", §3): attention and a feed-forward layer, each on a normalised
+    copy of the stream, each added back to it:
+
+    $$h = x + \operatorname{Attn}(\operatorname{LN}(x)), \qquad
+    y = h + W_2\,\operatorname{GELU}(W_1 \operatorname{LN}(h))$$
+
+    The attention is causal :class:`~selfattn.MultiHeadAttention` with RoPE and ``n_kv_heads``
+    key/value heads (MHA, GQA or MQA); the feed-forward layer is ``ffn_hidden`` wide.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 ffn_hidden: int | None = None) -> None:
+        super().__init__()
+        ffn_hidden = 4 * d_model if ffn_hidden is None else check_positive_int(ffn_hidden, "ffn_hidden")
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=True)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_hidden), nn.GELU(),
+                                 nn.Linear(ffn_hidden, d_model))
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        """``x`` (B, T, d_model) -> (B, T, d_model); with ``cache``, the T tokens follow the
+        ``cache.length`` tokens it holds, their keys and values are appended to it, and each
+        attends causally to everything cached (the layer rotates them at their own positions)."""
+        a, _ = self.attn(self.attn_norm(x), is_causal=True, kv_cache=cache)  # (B, T, d_model)
+        h = x + a
+        return h + self.ffn(self.ffn_norm(h))  # (B, T, d_model)
+
+
+class TinyDecoder(nn.Module):
+    r"""A small causal language model for chapter 11's decoding: token embedding, ``n_layers``
+    pre-norm :class:`DecoderBlock`\ s (causal attention with RoPE, ``n_kv_heads`` key/value
+    heads, a feed-forward layer ``ffn_hidden`` wide, default ``4 * d_model``), a final
+    LayerNorm and a linear head to ``vocab_size`` logits (the decoder of Vaswani et al. 2017,
+    §3.1, without the cross-attention, in GPT-2's pre-norm order; Radford et al. 2019, §2.3).
+
+    Positions come only from RoPE, so the model has no maximum length, and a token's logits
+    depend only on the tokens at and before it: decoding with a cache
+    (:meth:`forward` with ``caches``) gives the logits of the full pass, token by token.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                 n_kv_heads: int | None = None, ffn_hidden: int | None = None) -> None:
+        super().__init__()
+        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
+        check_positive_int(n_layers, "n_layers")
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, n_kv_heads, ffn_hidden)
+                                    for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def new_caches(self, make: type[Cache] | None = None, **kwargs: object) -> list[Cache]:
+        """One empty cache per block, ``make(**kwargs)`` each (default :class:`~selfattn.cache.KVCache`,
+        every token kept). A :class:`~selfattn.cache.PagedKVCache` takes the pool:
+        ``new_caches(PagedKVCache, pool=pool)``; the blocks' caches may share one pool."""
+        make = KVCache if make is None else make
+        return [make(**kwargs) for _ in self.blocks]
+
+    def forward(self, tokens: Tensor, caches: list[Cache] | None = None) -> Tensor:
+        """Logits ``(B, T, vocab_size)`` for token ids ``tokens`` (B, T).
+
+        ``caches``: one :class:`~selfattn.cache.Cache` per block (:meth:`new_caches`). The
+        ``T`` tokens then follow the tokens the caches hold: each block appends their keys and
+        values to its cache and they attend causally to everything cached, at positions
+        ``cache.length, ...``. Without caches the tokens are a whole sequence from position 0.
+        """
+        self._check(tokens, caches)
+        x = self.embed(tokens)  # (B, T, d_model)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])  # (B, T, d_model)
+        return self.lm_head(self.norm(x))  # (B, T, vocab_size)
+
+    def _check(self, tokens: object, caches: object) -> None:
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must be (batch, seq) integer token ids, at least one token; got "
+                             f"shape {tuple(tokens.shape)}, {tokens.dtype}")
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got ids from "
+                             f"{int(tokens.min())} to {int(tokens.max())}")
+        if caches is None:
+            return
+        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks) \
+                or not all(isinstance(c, Cache) for c in caches):
+            got = (f"{len(caches)} items" if isinstance(caches, (list, tuple))
+                   else type(caches).__name__)
+            raise TypeError(f"caches must be a list of {len(self.blocks)} selfattn.cache.Cache "
+                            f"(one per block: model.new_caches()), got {got}")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("caches holds one cache object more than once: each block needs its "
+                             "own cache (model.new_caches())")
+        if len({c.length for c in caches}) != 1:
+            raise ValueError(f"the blocks' caches hold different numbers of tokens "
+                             f"{[c.length for c in caches]}: they must be fed together")
+
+
+SINK_SHARE = 0.3
+
+
+@torch.no_grad()
+def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int = 0
+                   ) -> dict[str, float]:
+    r"""The accuracy of a causal tagger (``AttentionTagger(..., causal=True)``) on ``data`` (a
+    :func:`~selfattn.book.decoding.sink_task` batch) when each query sees only the keys its KV cache
+    still holds, over the queries ``first_query`` onwards.
+
+    ``mask``: bool ``(T, T)``, True = the key is still in the cache, from
+    :func:`selfattn.causal_mask` (``causal_mask(T)`` the full cache, ``causal_mask(T,
+    window=w)`` window attention with the first tokens evicted, ``causal_mask(T, window=w,
+    n_sink=s)`` StreamingLLM's cache: the first ``s`` tokens kept beside the window; Xiao et al.
+    2023, "Efficient Streaming Language Models with Attention Sinks", §3.1-3.2, Figure 1). A
+    key out of the cache gets score $-\infty$:
+
+    $$\mathrm{acc} = \frac{1}{|Q|} \sum_{(b, t) \in Q} \big[\arg\max_c f(x_b;\, M)_{t, c} =
+    y_{b, t}\big], \qquad a_{tj} = \operatorname{softmax}_j\big(s_{tj} + (0 \text{ if } M_{tj}
+    \text{ else } -\infty)\big)$$
+
+    With RoPE a score depends only on the distance between query and key, so masking a key out
+    is evicting it from the cache, every other token keeping its position. Returns the accuracy
+    over ``"all"`` those queries, the ``"trigger"`` queries and the ``"other"`` ones
+    (``data.trigger``); NaN for a group with no query.
+    """
+    from ..masks import to_additive
+
+    if not isinstance(data, SinkData):
+        raise TypeError(f"data must be a SinkData (from sink_task), got {type(data).__name__}")
+    T = data.tokens.shape[1]
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (T, T):
+        shown = (f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor)
+                 else type(mask).__name__)
+        raise ValueError(f"mask must be a bool ({T}, {T}) tensor, True = kept (from "
+                         f"selfattn.causal_mask({T}, window=..., n_sink=...)), got {shown}")
+    _check_first_query(first_query, T)
+    model.eval()
+    device = next(model.parameters()).device
+    logits = model(data.tokens.to(device), score_bias=to_additive(mask.to(device)))  # (B, T, n_tags)
+    right = (logits.argmax(-1).cpu() == data.tags)[:, first_query:]  # (B, Q)
+    trigger = data.trigger[:, first_query:]  # (B, Q)
+    return {"all": _mean(right), "trigger": _mean(right[trigger]), "other": _mean(right[~trigger])}
+
+
+def _mean(right: Tensor) -> float:
+    return right.float().mean().item() if right.numel() else float("nan")
+
+
+def _check_first_query(first_query: int, T: int) -> None:
+    if isinstance(first_query, bool) or not isinstance(first_query, int) \
+            or not 0 <= first_query < T:
+        raise ValueError(f"first_query must be an int in [0, {T}), got {first_query!r}")
+
+
+def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | None = None) -> Tensor:
+    r"""``(H,)``: the mean weight each head puts on position 0 (the attention sink), over the
+    queries at ``first_query`` onwards of every sequence, only those where ``where`` (bool
+    ``(B, T)``) is True if given. ``weights``: ``(B, H, T, S)``, each query's weights over the keys.
+
+    $$\text{share}_h = \frac{1}{|Q|} \sum_{(b, t) \in Q} a^{(h)}_{b, t, 0}$$
+
+    Gu et al. (2024, "When Attention Sink Emerges in Language Models: An Empirical View", their
+    sink metric) count a head as a sink when this share exceeds :data:`SINK_SHARE`. A head that spread its
+    weight evenly over the keys up to each query would put ``1 / (t + 1)`` on position 0.
+    """
+    if not isinstance(weights, Tensor) or weights.dim() != 4:
+        shown = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be a (B, H, T, S) tensor, got {shown}")
+    B, T = weights.shape[0], weights.shape[2]
+    _check_first_query(first_query, T)
+    on_first = weights[:, :, first_query:, 0]  # (B, H, Q)
+    chosen = torch.ones(B, T - first_query, dtype=torch.bool, device=weights.device)  # (B, Q)
+    if where is not None:
+        if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != (B, T):
+            shown = (f"{where.dtype} of shape {tuple(where.shape)}" if isinstance(where, Tensor)
+                     else type(where).__name__)
+            raise ValueError(f"where must be a bool (B, T) = {(B, T)} tensor, got {shown}")
+        chosen = where[:, first_query:].to(weights.device)  # (B, Q)
+    n = chosen.sum()
+    if n == 0:
+        raise ValueError("no query left to average over: where is False at every query from "
+                         f"first_query={first_query} on")
+    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / n  # (H,)
+
+
+@dataclass(frozen=True)
+class SinkEval:
+    """What evicting the first tokens does to one trained model (:func:`evaluate_sink`), over
+    the queries ``window`` onwards (the first whose window leaves position 0 out).
+
+    ``full``, ``window_only``, ``sink_window``: accuracy (``"all"``, ``"trigger"``, ``"other"``, as in
+    :func:`cache_accuracy`) with the full cache, with the last ``window`` tokens only, and with
+    the first ``n_sink`` tokens kept beside them. ``share_other``, ``share_trigger``: each head's
+    mean weight on position 0 with the full cache (:func:`first_token_share`), on the queries
+    that have nothing to fetch and on the triggers. ``share_uniform``: what a head that spread
+    its weight evenly would put there, ``mean_t 1 / (t + 1)``.
+    """
+
+    window: int
+    n_sink: int
+    full: dict[str, float]
+    window_only: dict[str, float]
+    sink_window: dict[str, float]
+    share_other: tuple[float, ...]
+    share_trigger: tuple[float, ...]
+    share_uniform: float
+
+    @property
+    def drop(self) -> float:
+        """How much accuracy evicting the first tokens costs: full cache minus window only."""
+        return self.full["all"] - self.window_only["all"]
+
+    @property
+    def gap(self) -> float:
+        """How far sink + window stays from the full cache: full minus sink + window."""
+        return self.full["all"] - self.sink_window["all"]
+
+    @property
+    def top_share(self) -> float:
+        """The largest share on position 0 of any head, on the queries with nothing to fetch."""
+        return max(self.share_other)
+
+    @property
+    def sink_heads(self) -> int:
+        """Heads whose share on position 0, on the queries with nothing to fetch, exceeds
+        :data:`SINK_SHARE`."""
+        return sum(s > SINK_SHARE for s in self.share_other)
+
+
+@dataclass(frozen=True)
+class SinkRecord(SinkEval):
+    """One seed of :func:`sink_experiment`: its :class:`SinkEval`, and the ``seed``, the arm
+    (``bos``), the mean training ``loss`` over its last 20 steps, the trained ``model`` and the
+    ``test`` data it was measured on (to measure it again, at another window, say)."""
+
+    seed: int
+    bos: bool
+    loss: float
+    model: torch.nn.Module = field(repr=False, compare=False)
+    test: object = field(repr=False, compare=False)
+
+
+def _check_window(window: int, n_sink: int, lag: int, T: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or not lag < window < T:
+        raise ValueError(f"window must be an int with lag < window < seq_len ({lag} < window < "
+                         f"{T}): it must hold the token a trigger copies, and leave some out; "
+                         f"got window={window!r}")
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
+        raise ValueError(f"n_sink must be an int >= 1 (the first tokens kept beside the window), "
+                         f"got {n_sink!r}")
+
+
+@torch.no_grad()
+def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) -> SinkEval:
+    """Measure one causal tagger trained on :func:`~selfattn.book.decoding.sink_task`: its accuracy
+    with the full cache, with a window of the last ``window`` tokens (the first tokens
+    evicted), and with the first ``n_sink`` tokens kept beside the window (Xiao et al. 2023,
+    §3.2), over the queries ``window`` onwards, where the three caches differ; and each head's
+    share of attention on position 0 with the full cache. See :class:`SinkEval`.
+
+    Every token keeps its position (a RoPE score sees only the distance), the sink included.
+    StreamingLLM numbers the tokens by their place in the cache instead, to stream past the
+    length the model was trained on; within that length the window's distances are the same
+    both ways, the sink's are not.
+    """
+    from ..masks import causal_mask
+
+    if not isinstance(test, SinkData):
+        raise TypeError(f"test must be a SinkData (from sink_task), got {type(test).__name__}")
+    T = test.tokens.shape[1]
+    _check_window(window, n_sink, test.lag, T)
+    first = window  # the first query whose window leaves position 0 out
+    caches = {"full": causal_mask(T), "window_only": causal_mask(T, window=window),
+              "sink_window": causal_mask(T, window=window, n_sink=n_sink)}
+    accuracy = {name: cache_accuracy(model, test, mask, first) for name, mask in caches.items()}
+    device = next(model.parameters()).device
+    _, weights = model(test.tokens.to(device), need_weights=True)  # (B, H, T, T)
+    weights = weights.cpu()
+    other = first_token_share(weights, first, ~test.trigger)  # (H,)
+    trigger = first_token_share(weights, first, test.trigger)  # (H,)
+    uniform = (1 / torch.arange(first + 1, T + 1, dtype=torch.float64)).mean().item()
+    return SinkEval(window, n_sink, **accuracy, share_other=tuple(other.tolist()),
+                    share_trigger=tuple(trigger.tolist()), share_uniform=uniform)
+
+
+def sink_experiment(seeds: Sequence[int], data_seeds: tuple[int, int], *, window: int = 6,
+                    n_sink: int = 1, seq_len: int = 32, vocab_size: int = 16, n_triggers: int = 6,
+                    lag: int = 2, n_train: int = 2000, n_test: int = 500, d: int = 32,
+                    n_heads: int = 2, steps: int = 250, batch_size: int = 16, lr: float = 1e-2,
+                    progress: bool = True) -> dict[str, list[SinkRecord]]:
+    """Do heads with nothing to do park on the first token, and what does evicting it do?
+
+    Trains one one-layer causal ``AttentionTagger`` (RoPE, ``n_heads`` heads of width
+    ``d // n_heads``) per seed on :func:`~selfattn.book.decoding.sink_task`, side by side with
+    :func:`~selfattn.book.kit.train.train_seeds`, in two arms: ``"BOS"``, every sequence opening
+    with the BOS token, and ``"control"``, the same sequences with an ordinary token at
+    position 0 (``bos=False``). Then measures each model with :func:`evaluate_sink`: the full
+    cache, window only, and sink + window.
+
+    The hypothesis (Xiao et al. 2023, §3.1; Guo et al. 2024, §2): a head with nothing to fetch
+    (every query but a trigger) puts its weight on BOS, whose value the rest of the model has
+    learned to live with (Guo et al. find it small, a "value-state drain"); evict BOS and that
+    weight lands on the tokens in the window, whose values were never meant to be added there,
+    and the tags change (window only drops) though every token a tag depends on is still in the
+    window (``window > lag``); keep BOS beside the window and the outputs come back (sink +
+    window close to full). In the control nothing marks position 0 (RoPE scores see only
+    distances, and the token there is an ordinary one), so no head can park there: evicting it
+    should cost little. Whether it happens is for the records to say, seed by seed.
+
+    ``seeds``: the initial weights and batches (``train.seed_range(10)`` in a chapter);
+    ``data_seeds``: ``(training data, test data)`` (``train.data_seed(0)``,
+    ``train.data_seed(1)``). Both arms train on the same seeds and data seeds. With the defaults,
+    both arms' ten seeds train in about ten seconds on one CPU thread, and every seed of both
+    arms learns the task with the full cache (on the ranges tried when they were chosen).
+
+    Returns ``{"BOS": [...], "control": [...]}``, one :class:`SinkRecord` per seed in the order
+    of ``seeds``; :func:`sink_columns` turns an arm into columns for :func:`seed_rows`.
+    """
+    from ..checks import check_positive_int
+    from .kit.train import train_seeds
+    from .tagging import AttentionTagger
+
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    if (not isinstance(data_seeds, tuple | list) or len(data_seeds) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in data_seeds)):
+        raise ValueError(f"data_seeds must be two ints, (training data, test data), got "
+                         f"{data_seeds!r}")
+    if data_seeds[0] == data_seeds[1]:
+        raise ValueError(f"data_seeds {tuple(data_seeds)}: the test data must be another draw "
+                         "than the training data")
+    check_positive_int(seq_len, "seq_len")
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
+        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len}")
+    _check_window(window, n_sink, lag, seq_len)  # before training, not after
+    task = dict(seq_len=seq_len, vocab_size=vocab_size, n_triggers=n_triggers, lag=lag)
+    results = {}
+    for arm, bos in (("BOS", True), ("control", False)):
+        train_data = sink_task(n_train, **task, bos=bos, seed=data_seeds[0])
+        test = sink_task(n_test, **task, bos=bos, seed=data_seeds[1])
+
+        def make(data=train_data) -> torch.nn.Module:
+            return AttentionTagger(data.vocab_size, data.n_tags, d=d, n_heads=n_heads,
+                                   causal=True, positions="rope")
+
+        models, histories = train_seeds(make, train_data, seeds, steps=steps,
+                                        batch_size=batch_size, lr=lr, progress=progress,
+                                        desc=f"sink task, {arm}")
+        results[arm] = [
+            SinkRecord(**vars(evaluate_sink(model, test, window, n_sink)), seed=seed, bos=bos,
+                       loss=statistics.fmean(history.loss[-20:]), model=model, test=test)
+            for model, history, seed in zip(models, histories, seeds, strict=True)]
+    return results
+
+
+def sink_columns(records: Sequence[SinkEval]) -> dict[str, list[float]]:
+    """One arm of :func:`sink_experiment` as columns for :func:`seed_rows` (or
+    :func:`~selfattn.book.kit.train.seed_table`): the accuracy with the full cache, window only and
+    sink + window, and the top head's share on position 0 on the queries with nothing to fetch,
+    beside what an even spread would give."""
+    if not records:
+        raise ValueError("records must hold at least one record")
+    return {"full cache": [r.full["all"] for r in records],
+            "window only": [r.window_only["all"] for r in records],
+            "sink+window": [r.sink_window["all"] for r in records],
+            "top share": [r.top_share for r in records],
+            "even share": [r.share_uniform for r in records]}
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheRace:
+    """What :func:`cache_vs_recompute` measured: greedy decoding of ``n_new`` tokens after a
+    prompt of ``prompt_len``, by recomputing the whole prefix at every step and with KV caches.
+
+    Step ``i`` computes new token ``i`` from the ``context[i] = prompt_len + i`` tokens known
+    so far. Step 0 is the same pass over the prompt both ways (with caches, the prefill); from
+    step 1 on, the recompute pass runs ``context[i]`` tokens through the model and the cached one
+    a single token. Per step: the median wall time over the repeats (``*_ms``), the tokens run
+    through the model (``*_tokens_run``), the (query, key) pairs each head of each layer scores
+    (``*_pairs``) and the FLOPs (``*_flops``: twice the multiply-adds of the matrix products; the
+    norms, softmax and GELU are not counted). ``recompute_generated`` and ``cached_generated``
+    are the generated token ids, ``(B, n_new)``: the same, or caching changed the model's output.
+    """
+
+    prompt_len: int
+    context: list[int]
+    recompute_ms: list[float]
+    cached_ms: list[float]
+    recompute_generated: Tensor
+    cached_generated: Tensor
+    recompute_tokens_run: list[int]
+    cached_tokens_run: list[int]
+    recompute_pairs: list[int]
+    cached_pairs: list[int]
+    recompute_flops: list[int]
+    cached_flops: list[int]
+    repeats: int
+
+    @property
+    def same_tokens(self) -> bool:
+        """Whether both ways generated the same tokens."""
+        return torch.equal(self.recompute_generated, self.cached_generated)
+
+    def growth(self, way: str) -> float:
+        """How much slower a step of ``way`` (``"recompute"`` or ``"cached"``) is at the end than
+        at the start: the median ms of the last quarter of steps over that of the first quarter
+        (step 0, the prompt pass, left out)."""
+        ms = self._ms(way)[1:]
+        quarter = max(1, len(ms) // 4)
+        return statistics.median(ms[-quarter:]) / statistics.median(ms[:quarter])
+
+    def slope(self, way: str) -> float:
+        """Milliseconds that one more token of context adds to a step of ``way``: the
+        least-squares slope of ms against context (step 0 left out)."""
+        x, y = self.context[1:], self._ms(way)[1:]
+        mx, my = statistics.fmean(x), statistics.fmean(y)
+        return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Each way's sums over every step: ``ms``, ``tokens_run``, ``pairs``, ``flops``."""
+        return {way: {"ms": sum(self._ms(way)),
+                      "tokens_run": sum(getattr(self, f"{way}_tokens_run")),
+                      "pairs": sum(getattr(self, f"{way}_pairs")),
+                      "flops": sum(getattr(self, f"{way}_flops"))}
+                for way in ("recompute", "cached")}
+
+    def _ms(self, way: str) -> list[float]:
+        if way not in ("recompute", "cached"):
+            raise ValueError(f"way must be 'recompute' or 'cached', got {way!r}")
+        return self.recompute_ms if way == "recompute" else self.cached_ms
+
+
+def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
+    """FLOPs of one pass of ``new`` tokens per sequence through ``model``, the ``j``-th new
+    token attending to ``keys - new + j + 1`` keys: every linear layer's weights once per token,
+    and ``q.k`` and ``weights.v`` for each (query, key) pair of each head (2 FLOPs a product)."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    pairs = new * keys - new * (new - 1) // 2  # causal pairs of the new queries
+    attn = model.blocks[0].attn.config
+    return batch * (2 * linear * new + len(model.blocks) * 4 * attn.n_heads * attn.head_dim * pairs)
+
+
+def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: int = 3,
+                       make_cache: type[Cache] | None = None, **cache_kwargs: object) -> CacheRace:
+    """Greedy decoding of ``n_new`` tokens after ``prompt`` (B, P), two ways, timed step by step
+    side by side:
+
+    * recompute: every step runs the whole sequence so far through ``model`` and keeps the last
+      position's logits (no cache: step ``i`` costs ``O(P + i)`` tokens, ``O((P + i)^2)``
+      attention pairs, so the whole decode grows as ``n^2`` tokens);
+    * cached: the prompt goes through once, filling one KV cache per block
+      (:meth:`~selfattn.book.decoding.TinyDecoder.new_caches`, ``make_cache(**cache_kwargs)``,
+      default :class:`~selfattn.cache.KVCache`), then each step runs only the newest token,
+      whose query attends to the cached keys (``O(1)`` tokens and ``O(P + i)`` pairs a step).
+
+    In each of ``repeats`` rounds both decode in lockstep, one step of each in turn (which goes
+    first alternates), so a slow moment of a shared machine hits both; each step's time is the
+    median over the rounds. The model runs in eval mode without autograd. Chapter 11 uses
+    ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
+    (a few seconds on one thread).
+    """
+    if not isinstance(model, TinyDecoder):
+        raise TypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
+    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must be (batch, seq) token ids, at least one token; got "
+                         f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}")
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 2:
+        raise ValueError(f"n_new must be an int >= 2 (the prompt pass, then steps), got {n_new!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    B, P = prompt.shape
+    was_training = model.training
+    model.eval()
+
+    def recompute(state: dict) -> Tensor:
+        logits = model(state["seq"])  # (B, n, vocab): every position, again
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        state["seq"] = torch.cat([state["seq"], nxt], dim=1)  # (B, n + 1)
+        return nxt
+
+    def cached(state: dict) -> Tensor:
+        logits = model(state["new"], state["caches"])  # (B, 1 or P, vocab): only the new tokens
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        state["new"] = nxt  # the next step runs only this token
+        return nxt
+
+    samples: dict[str, list[list[float]]] = {"recompute": [], "cached": []}
+    generated: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for r in range(repeats + 1):  # round 0 warms up, untimed
+            states = {"recompute": {"seq": prompt},
+                      "cached": {"new": prompt,
+                                 "caches": model.new_caches(make_cache, **cache_kwargs)}}
+            steps = {"recompute": recompute, "cached": cached}
+            order = ["recompute", "cached"] if r % 2 else ["cached", "recompute"]
+            times: dict[str, list[float]] = {way: [] for way in order}
+            tokens: dict[str, list[Tensor]] = {way: [] for way in order}
+            for way in order:
+                for _ in range(n_new if r else min(n_new, 16)):
+                    start = time.perf_counter()
+                    tokens[way].append(steps[way](states[way]))
+                    times[way].append(time.perf_counter() - start)
+            if r:
+                for way in order:
+                    samples[way].append(times[way])
+                    generated[way] = torch.cat(tokens[way], dim=1)  # (B, n_new)
+    model.train(was_training)
+    context = [P + i for i in range(n_new)]
+    pairs = [n * (n + 1) // 2 for n in context]  # causal pairs of a whole sequence of n tokens
+    return CacheRace(
+        prompt_len=P, context=context,
+        recompute_ms=[1e3 * statistics.median(s) for s in zip(*samples["recompute"], strict=True)],
+        cached_ms=[1e3 * statistics.median(s) for s in zip(*samples["cached"], strict=True)],
+        recompute_generated=generated["recompute"], cached_generated=generated["cached"],
+        recompute_tokens_run=context, cached_tokens_run=[P, *[1] * (n_new - 1)],
+        recompute_pairs=pairs, cached_pairs=[pairs[0], *context[1:]],
+        recompute_flops=[_decoder_flops(model, n, n, B) for n in context],
+        cached_flops=[_decoder_flops(model, P, P, B)] + [_decoder_flops(model, 1, n, B)
+                                                          for n in context[1:]],
+        repeats=repeats)
+
+
+def block_step_benchmark(contexts: tuple[int, ...] = (1024, 8192), batches: tuple[int, ...] = (1, 8),
+                         d_model: int = 512, n_heads: int = 8, kv_heads: tuple[int, ...] = (8, 2, 1),
+                         ffn_hidden: int | None = None, repeats: int = 9, warmup: int = 2,
+                         seed: int = 0) -> list[dict]:
+    """One decoding step of one :class:`~selfattn.book.decoding.DecoderBlock` (attention with RoPE,
+    then the feed-forward layer, ``ffn_hidden`` wide, default ``4 * d_model``), one new token for
+    each of ``batch`` sequences whose KV caches hold ``context`` tokens, for MHA, GQA and MQA
+    (``kv_heads``), beside the bytes the step must read
+    (:func:`~selfattn.book.kit.measure.decode_bytes`: the weights once, every sequence's cache).
+
+    :func:`decode_benchmark` times the attention layer alone at batch 1; this adds the
+    feed-forward weights every step reads too, and the batch, whose caches grow with it while the
+    weights are read once. Variants are interleaved in a rotated order in each repeat; the first
+    ``warmup`` repeats are dropped. Each row: ``context``, ``batch``, ``variant``, ``n_kv_heads``,
+    ``ms`` (median per step), ``mb`` (bytes read, MiB), ``gb_per_s`` (bytes / time),
+    ``bytes_vs_mha`` (MHA's bytes over this variant's: the speed-up if the step were bound by
+    memory alone) and ``speedup_vs_mha`` (measured). The caches hold random keys and values
+    (their numbers do not change the time).
+    """
+    ffn = 4 * d_model if ffn_hidden is None else ffn_hidden
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = {kv: DecoderBlock(d_model, n_heads, kv, ffn).eval() for kv in kv_heads}
+    names = {kv: "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}" for kv in kv_heads}
+    hd = d_model // n_heads
+    rows = []
+    g = torch.Generator().manual_seed(seed)
+    for context in contexts:
+        for batch in batches:
+            states = {}
+            for kv in kv_heads:
+                cache = KVCache(capacity=context + warmup + repeats + 1)
+                k = torch.randn(batch, kv, context, hd, generator=g)  # (B, H_kv, context, hd)
+                cache.append(k, torch.randn(batch, kv, context, hd, generator=g))
+                states[kv] = (cache, torch.randn(batch, 1, d_model, generator=g))  # (B, 1, d)
+            samples: dict[int, list[float]] = {kv: [] for kv in kv_heads}
+            order = list(kv_heads)
+            with torch.no_grad():
+                for r in range(warmup + repeats):
+                    for kv in order[r % len(order):] + order[: r % len(order)]:
+                        cache, x = states[kv]
+                        synchronize()
+                        start = time.perf_counter()
+                        blocks[kv](x, cache)
+                        synchronize()
+                        if r >= warmup:
+                            samples[kv].append(time.perf_counter() - start)
+            read = {kv: decode_bytes(d_model, n_heads, kv, context, hd, 4, ffn, batch)["total"]
+                    for kv in kv_heads}
+            ms = {kv: 1e3 * statistics.median(samples[kv]) for kv in kv_heads}
+            base = kv_heads[0]
+            for kv in kv_heads:
+                rows.append({"context": context, "batch": batch, "variant": names[kv],
+                             "n_kv_heads": kv, "ms": ms[kv], "mb": read[kv] / 2**20,
+                             "gb_per_s": read[kv] / (ms[kv] / 1e3) / 1e9,
+                             "bytes_vs_mha": read[base] / read[kv],
+                             "speedup_vs_mha": ms[base] / ms[kv]})
+    return rows
+
+
+def block_step_table(rows: list[dict]) -> str:
+    """:func:`block_step_benchmark`'s rows as text: per context and batch, each variant's ms per
+    step, the MiB it reads, the speed-up over the first variant (MHA) beside the bytes bound."""
+    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>8s} {'ms':>8s} {'MiB read':>9s} "
+             f"{'GB/s':>6s} {'speed-up':>9s} {'bytes bound':>12s}"]
+    for r in rows:
+        lines.append(f"{r['context']:7d} {r['batch']:5d} {r['variant']:>8s} {r['ms']:8.2f} "
+                     f"{r['mb']:9.1f} {r['gb_per_s']:6.1f} {r['speedup_vs_mha']:8.2f}x "
+                     f"{r['bytes_vs_mha']:11.2f}x")
+    return "\n".join(lines)
+
+
+def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
+                     d_model: int | None = None) -> Diagram:
+    r"""Multi-head latent attention (DeepSeek-V2, §2.1): what a token leaves in the cache and the
+    two ways the heads read it back. The hidden state $h_t$ gives one latent $c_t$
+    (``kv_down``, ``kv_rank`` numbers, shared by every head) and, with ``rope_dim``, one
+    rotated rope key $k^R_t$ shared by every head: the cache holds ``kv_rank + rope_dim``
+    numbers per token. Explicit form: ``k_up`` ($W^{UK}$) and ``v_up`` ($W^{UV}$) build every
+    head's key and value from each cached latent. Absorbed form (decoding): $W^{UK}$ goes into
+    the query and $W^{UV}$ into the output projection, and the heads attend to the latents
+    themselves (§2.1.2). Sizes, names and the cache count come from a
+    :class:`~selfattn.latent.MultiHeadLatentAttention` built with these arguments
+    (``d_model`` defaults to ``n_heads * head_dim``)."""
+    from ..latent import MultiHeadLatentAttention
+
+    check_positive_int(n_heads, "n_heads", most=8)
+    for value, name in [(head_dim, "head_dim"), (kv_rank, "kv_rank")]:
+        check_positive_int(value, name, most=9999)
+    d_model = n_heads * head_dim if d_model is None else check_positive_int(d_model, "d_model",
+                                                                            most=99999)
+    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
+        raise TypeError(f"rope_dim must be an int, got {type(rope_dim).__name__}")
+    if not 0 <= rope_dim <= 9998:  # the layer checks that it is even
+        raise ValueError(f"rope_dim must be from 0 to 9998, got {rope_dim}")
+    with torch.device("meta"):  # the sizes and names only: no weights are allocated
+        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
+    h, hd, r, dr = layer.n_heads, layer.head_dim, layer.kv_rank, layer.rope_dim
+    cached, mha = layer.cache_numbers_per_token(), 2 * h * hd
+    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
+    W, H = PAGE_WIDTH, 4.9
+    ROPE, CACHE = _TAB[5], _TAB[3]
+    fig, ax = _canvas(W, H)
+    mono = {"family": MONO, "size": 8}
+    _text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
+    # the token: its hidden state
+    x_h, y_h = 0.55, 2.55
+    _text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
+    _box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
+    # the cache: the latent and the shared rope key, all a token leaves behind
+    x_c, cw, y_c, y_r = 2.22, 1.45, 3.15, 1.95
+    ax.add_patch(FancyBboxPatch((x_c - cw / 2 - 0.08, y_r - 0.4), cw + 0.16, y_c - y_r + 0.82,
+                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=_tint(CACHE, 0.08),
+                                edgecolor=CACHE, linewidth=1.0, linestyle="--", gid="cache"))
+    _text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
+    _box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
+    ax.patches[-1].set_linewidth(2.0)  # the latent: the one thing every head shares
+    if dr:
+        _box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
+             gid="rope key")
+    else:
+        _text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
+    numbers = "number" if cached == 1 else "numbers"
+    _text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
+          ha="center", **mono)
+    _arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
+    if dr:
+        _arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
+    # explicit: every cached latent up-projected to every head's key and value
+    x0 = 3.2  # the right half starts here
+    _text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
+    y_k, y_v = 4.15, 3.6
+    x_lab, x1, x2 = x0 + 0.05, 4.25, W - 0.1  # the labels, then the heads from x1 to x2
+    pitch = (x2 - x1) / h
+    bw = min(0.85 * pitch, 0.6)
+    content = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    for y, name, color, label in [(y_k, "k_up", K, r"$W^{UK}$"), (y_v, "v_up", V, r"$W^{UV}$")]:
+        _text(ax, x_lab, y, name, **mono)
+        _text(ax, x_lab + 0.4, y, label, size=10)
+        _arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
+        for i in range(h):
+            left = x1 + pitch * i + (pitch - bw) / 2
+            width = content if name == "k_up" else bw * hd / (k_width + dr)
+            label = f"{name[0]}{i}" if width >= 0.05 * len(f"{name[0]}{i}") + 0.04 else ""
+            _box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
+                 gid=f"{name[0]}{i}")
+            if name == "k_up" and dr:
+                _box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
+                     gid=f"rope{i}")
+    key = f"key {k_width} + {dr} (k^R, shared)" if dr else f"key {k_width}"
+    _text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
+          "built from every cached latent", va="top", linespacing=1.3, **mono)
+    # absorbed: the heads attend to the latents themselves
+    _text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
+    y_s, y_o = 1.85, 0.95
+    xb, xa, bw2 = 4.05, 5.9, 1.55
+    rope_score = r" + q_i^{R\top} k^R_j" if dr else ""
+    _box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
+         size=10, gid="scores")
+    _box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
+         Q, size=10, gid="query")
+    _box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
+         gid="weighted latents")
+    _box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
+         gid="output")
+    _arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
+    _arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
+    _arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
+    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
+    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
+    if dr:
+        _arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
+    _text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
+    # what the cache costs, against multi-head attention
+    share = Fraction(cached, mha)
+    _text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
+          f"{mha}; {share} of it", size=8, family=MONO)
+    alt_rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
+                " (no rope key: rope_dim is 0)")
+    return Diagram(fig, f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden "
+                        f"state of {layer.d_model} numbers gives one latent c of {r} numbers{alt_rope}; "
+                        f"the KV cache holds these {cached} numbers per token, where multi-head "
+                        f"attention holds 2 × {h} × {hd} = {mha}. The explicit form up-projects every "
+                        f"cached latent with W^UK and W^UV into each head's key and value; the absorbed "
+                        f"form, for decoding, folds W^UK into the query and W^UV into the output "
+                        f"projection, so each head scores and sums the latents themselves.")
+
+
+def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[object, list]:
+    """A :class:`~selfattn.cache.BlockPool` and one :class:`~selfattn.cache.PagedKVCache` per
+    request, decoded side by side: every step, each unfinished request appends one token, whose key
+    holds its position and whose value its request's index (one head of width 1). The pool starts
+    as NaN, so a slot no token was written to reads as empty."""
+    from ..cache import BlockPool, PagedKVCache
+
+    pool = BlockPool(n_blocks, block_size, 1, 1, dtype=torch.float64)
+    pool.k.fill_(math.nan)
+    pool.v.fill_(math.nan)
+    caches = [PagedKVCache(pool) for _ in lengths]
+    for step in range(max(lengths)):
+        for r, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
+            if step < n:
+                cache.append(torch.full((1, 1, 1, 1), float(step), dtype=torch.float64),
+                             torch.full((1, 1, 1, 1), float(r), dtype=torch.float64))
+    return pool, caches
+
+
+def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
+                      n_blocks: int | None = None) -> Diagram:
+    r"""PagedAttention's memory (Kwon et al. 2023, §4.1–4.2): each request is a sequence of logical
+    blocks of ``block_size`` tokens, and its ``block_table`` maps them onto physical blocks of one
+    shared :class:`~selfattn.cache.BlockPool`, anywhere in it: token $p$ lives in block
+    ``block_table[p // block_size]`` at slot ``p % block_size``. Only each request's last block is
+    partly filled, the only memory wasted; the rest of the pool is on the free list.
+
+    Drawn from a real pool: the requests (1 to 4, of ``lengths`` tokens) decode side by side, one
+    token each per step, through :class:`~selfattn.cache.PagedKVCache`, so their blocks interleave
+    in the pool. The tables, the token in every physical slot (read back from the pool's ``k``),
+    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own.
+    ``n_blocks`` defaults to the blocks the requests need plus two free ones."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise ValueError(f"lengths must be a sequence of 1 to 4 token counts, got {lengths!r}")
+    lengths = list(lengths)
+    if not 1 <= len(lengths) <= 4:
+        raise ValueError(f"lengths must hold 1 to 4 token counts (one per request), got {len(lengths)}")
+    for n in lengths:
+        check_positive_int(n, "each length", most=99)
+    check_positive_int(block_size, "block_size", most=8)
+    needed = sum(math.ceil(n / block_size) for n in lengths)
+    n_blocks = needed + 2 if n_blocks is None else check_positive_int(n_blocks, "n_blocks")
+    if not needed <= n_blocks <= 12:
+        raise ValueError(f"n_blocks must be from the {needed} blocks the requests need to 12 (to fit "
+                         f"the page), got {n_blocks}")
+    pool, caches = _paged_run(lengths, block_size, n_blocks)
+    tables = [list(c.block_table) for c in caches]
+    names = "ABCD"[:len(lengths)]
+    colors = [Q, K, V, OUT]
+    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
+    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
+    owner = {b: r for r, table in enumerate(tables) for b in table}
+    slot_bytes = pool.bytes_per_block // block_size
+    unused = [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches]
+    W, H = PAGE_WIDTH, 4.1
+    fig, ax = _canvas(W, H)
+    mono = {"family": MONO, "size": 8}
+    bold = {"size": 8.5, "weight": "bold"}
+    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+               for name, n, table in zip(names, lengths, tables, strict=True)]
+    gap_b, gap_r, margin = 0.06, 0.3, 0.1  # between blocks, between requests, at the sides
+
+    def header_width(r: int) -> float:
+        return max(0.075 * len(headers[r][0]), 0.067 * len(headers[r][1])) + 0.1
+
+    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)  # a block's width
+    while True:  # narrower blocks until the requests, each under its header, fit side by side
+        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, header_width(r)) for r, t in enumerate(tables)]
+        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
+            break
+        bw -= 0.02
+    cw = bw / block_size  # a slot's width
+    labelled = cw >= 0.16  # room for a two-digit position in each slot
+    ch = 0.3
+    y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
+    _text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
+          "one shared pool", **bold)
+    _text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
+          "one token each per step, so their blocks interleave", size=8)
+
+    def block(x: float, y: float, r: int | None, cells: list[tuple[str, bool]], gid: str,
+              text_gid: str) -> None:
+        """A block of ``block_size`` slots, left edge at ``x``: each slot's label and whether a
+        token fills it (an empty slot is hatched: room allocated, not used)."""
+        color = GREY if r is None else colors[r]
+        ax.add_patch(FancyBboxPatch((x, y - ch / 2), bw, ch, boxstyle="round,pad=0,rounding_size=0.04",
+                                    facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
+        for s, (label, full) in enumerate(cells):
+            fill = _tint(color, 0.3) if full else "white"
+            ax.add_patch(FancyBboxPatch((x + s * cw + 0.015, y - ch / 2 + 0.03), cw - 0.03, ch - 0.06,
+                                        boxstyle="square,pad=0", facecolor=fill, edgecolor="none",
+                                        hatch=None if full or r is None else "////", zorder=2))
+            if r is not None and not full:
+                ax.patches[-1].set_edgecolor(_tint(color, 0.5))
+                ax.patches[-1].set_linewidth(0)
+            if label and labelled:
+                _text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
+                      gid=f"{text_gid}.{s}")
+
+    # the pool's physical blocks, left to right by number
+    pitch_p = (W - 2 * margin - bw) / max(n_blocks - 1, 1)
+    x_phys = [margin + b * min(pitch_p, bw + 0.3) for b in range(n_blocks)]
+    shift = (W - (x_phys[-1] + bw) - margin) / 2
+    x_phys = [x + shift for x in x_phys]
+    for b in range(n_blocks):
+        r = owner.get(b)
+        cells = [("" if math.isnan(p) else str(int(p)), not math.isnan(p)) for p in stored_pos[b]]
+        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
+        block(x_phys[b], y_phys, r, cells, f"physical {b}: " + ("free" if r is None else names[r]),
+              f"physical {b}")
+        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center", weight="bold")
+        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
+              ha="center", color=GREY if r is None else INK)
+    _text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
+          f"block_size={block_size}), shared; under each, its number and the request holding it",
+          size=8)
+    # each request's logical blocks, and an arrow from each to the physical block it maps to
+    x = margin + (W - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
+    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
+        mid = x + group / 2
+        _text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
+        _text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
+        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
+        for j, b in enumerate(table):
+            xj = left + j * (bw + gap_b)
+            cells = [(str(p), True) if p < n else ("", False)
+                     for p in range(j * block_size, (j + 1) * block_size)]
+            block(xj, y_log, r, cells, f"logical {names[r]}{j} -> {b}", f"logical {names[r]}{j}")
+            _arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
+                   colors[r], lw=0.9)
+        x += group + gap_r
+    waste = " + ".join(str(u) for u in unused)
+    total = sum(len(t) for t in tables) * block_size
+    free = pool.free_blocks
+    _text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
+          f"of {total} allocated", size=8)
+    _text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)", size=8,
+          family=MONO)
+    maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
+                     for name, n, table in zip(names, lengths, tables, strict=True))
+    return Diagram(fig, f"PagedAttention: {len(lengths)} request{'s' if len(lengths) > 1 else ''} decoded "
+                        f"side by side store their keys and values in blocks of {block_size} tokens "
+                        f"taken from one shared pool of {n_blocks} physical blocks; {maps}. Each "
+                        f"request's logical blocks map onto physical blocks that need not be adjacent; "
+                        f"only each request's last block is partly filled ({sum(unused)} unused slots "
+                        f"of {total}), and blocks {free} are free.")
+
+
+def _rolling_run(cache, t: int) -> tuple[list[int], int]:
+    """Feed ``cache`` (a fresh :class:`~selfattn.cache.SinkCache` or
+    :class:`~selfattn.cache.SlidingWindowCache`) ``t`` tokens one at a time, each key holding its
+    own position; return the position each buffer slot holds now, read back from the cache's
+    buffer, and the slot the next token (position ``t``) will be written to."""
+    for p in range(t):
+        x = torch.full((1, 1, 1, 1), float(p), dtype=torch.float64)
+        cache.append(x, x)
+    held = [int(p) for p in cache._k[0, 0, :, 0].tolist()]  # (n_sink + window,): its buffer, read back
+    nxt = int(cache._slots(torch.tensor([t]))[0])  # where append writes position t
+    return held, nxt
+
+
+def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True) -> Diagram:
+    r"""A :class:`~selfattn.cache.SinkCache` after ``t`` tokens (StreamingLLM, Xiao et al. 2023,
+    §3.2): the positions $0 \dots t-1$ on a line, the evicted ones grey, and the cache's
+    ``n_sink + window`` buffer slots, each joined to the position it holds now. The sinks stay in
+    slots $0 \dots n_\text{sink}-1$ forever; position $p \ge n_\text{sink}$ goes to slot
+    $n_\text{sink} + (p - n_\text{sink}) \bmod W$, overwriting the token $W$ positions before it,
+    so the window's slots are rewritten in rolling order; the next write (position $t$) is
+    dashed. With ``sliding``, below it a :class:`~selfattn.cache.SlidingWindowCache` of as many
+    slots, which keeps no sinks (Jiang et al. 2023, §2: slot $p \bmod W$).
+
+    The slot contents are read back from the caches' buffers after ``t`` real appends (each key
+    holds its position), and the next slot from the cache's own slot rule, so the picture cannot
+    disagree with the code. ``t`` is at least ``n_sink + window`` (the buffer full)."""
+    from ..cache import SinkCache, SlidingWindowCache
+
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
+        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
+    if not 0 <= n_sink <= 8:
+        raise ValueError(f"n_sink must be from 0 to 8, got {n_sink}")
+    check_positive_int(window, "window", most=16)
+    size = n_sink + window
+    if size > 16:
+        raise ValueError(f"n_sink + window must be at most 16 slots to draw, got {n_sink} + {window}")
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise TypeError(f"t must be an int, got {type(t).__name__}")
+    if not size <= t <= 32:
+        raise ValueError(f"t must be from n_sink + window = {size} (the buffer full) to 32, got {t}")
+    panels = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
+    if sliding:
+        panels.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
+    SINK, KEPT, EVICTED, NEXT = OUT, Q, "#eeeeee", K
+    ph, sh, link = 0.26, 0.34, 0.62  # a position's height, a slot's height, the lines between
+    panel_h = 0.3 + ph + link + sh + 0.32
+    W, H = PAGE_WIDTH, 0.55 + len(panels) * panel_h + 0.3
+    fig, ax = _canvas(W, H)
+    x0, margin = 0.95, 0.1  # the rows start after their captions
+    pw = min(0.3, (W - x0 - margin) / (t + 1))  # t positions and the next one
+    sw = min(0.42, (W - x0 - margin) / size)
+    tokens = f"{t} token{'s' * (t > 1)}"
+    _text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
+          size=8.5, weight="bold")
+    _text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
+          "Jiang et al. 2023, §2)", size=8)
+    summary = []
+    for k, (tag, title, cache, sinks) in enumerate(panels):
+        held, nxt = _rolling_run(cache, t)
+        top = H - 0.55 - k * panel_h
+        y_p, y_s = top - 0.3 - ph / 2, top - 0.3 - ph - link - sh / 2
+        win = size - sinks
+        _text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
+        rolling = f"{_slot_range(sinks, size)} roll" + "s" * (win == 1)
+        kept_sinks = f"{_slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
+        _text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
+        _text(ax, margin, y_p, "positions", size=8)
+        _text(ax, margin, y_s, "buffer slots", size=8)
+        kept = set(held)
+        for p in range(t + 1):
+            x = x0 + (p + 0.5) * pw
+            kind = "next" if p == t else "sink" if p < sinks else "kept" if p in kept else "evicted"
+            color = {"next": NEXT, "sink": SINK, "kept": KEPT, "evicted": GREY}[kind]
+            fill = {"next": "white", "evicted": EVICTED}.get(kind, _tint(color, 0.3))
+            ax.add_patch(FancyBboxPatch((x - pw / 2 + 0.01, y_p - ph / 2), pw - 0.02, ph,
+                                        boxstyle="round,pad=0,rounding_size=0.03", facecolor=fill,
+                                        edgecolor=color, linewidth=0.9, linestyle="--" if p == t else "-",
+                                        gid=f"{tag} position {p} {kind}"))
+            _text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
+                  color=GREY if kind == "evicted" else INK)
+        for s, p in enumerate(held):
+            xs, xp = x0 + (s + 0.5) * sw, x0 + (p + 0.5) * pw
+            color = SINK if s < sinks else KEPT
+            _box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
+            ax.texts[-1].set_gid(f"{tag} slot {s}")
+            ax.plot([xs, xp], [y_s + sh / 2, y_p - ph / 2], color=color, lw=0.8, zorder=1)
+            _text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
+        # the next write: position t into slot nxt, over the oldest token of the window
+        xs = x0 + (nxt + 0.5) * sw
+        ax.add_patch(FancyBboxPatch((xs - sw / 2 + 0.005, y_s - sh / 2 - 0.035), sw - 0.01, sh + 0.07,
+                                    boxstyle="round,pad=0,rounding_size=0.05", facecolor="none",
+                                    edgecolor=NEXT, linewidth=1.6, linestyle="--", gid=f"{tag} next {nxt}"))
+        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=NEXT, lw=1.2,
+                ls="--", zorder=1)
+        evicted = t - len(kept)
+        sinks_in = f"sinks in {_slot_range(0, sinks)}, " if sinks else ""
+        summary.append(f"{title} ({sinks_in}the last {win} rolling in {_slot_range(sinks, size)}) keeps "
+                       f"positions {_runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
+                       f"{nxt}, overwriting position {held[nxt]}")
+    legend = [(SINK, _tint(SINK, 0.3), "sink", "-")] if n_sink else []
+    legend += [(KEPT, _tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
+               (NEXT, "white", f"next write (position {t})", "--")]
+    x = margin
+    for edge, fill, label, style in legend:
+        ax.add_patch(FancyBboxPatch((x, 0.1), 0.22, 0.16, boxstyle="round,pad=0,rounding_size=0.03",
+                                    facecolor=fill, edgecolor=edge, linewidth=1.0, linestyle=style))
+        _text(ax, x + 0.28, 0.18, label, size=8)
+        x += 0.28 + 0.068 * len(label) + 0.3
+    sinks_stay = "The sinks stay in their slots; the" if n_sink else "The"
+    return Diagram(fig, f"Rolling key/value buffers after {tokens}. " + ". ".join(summary)
+                        + f". {sinks_stay} window's slots are overwritten in rolling order, each "
+                        "new token replacing the one a window's length before it.")
+
+
+def model_cache_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Chapter 11, exercise 1: a model's KV cache per token: every layer caches a key and a value
+    for each key/value head."""
+    return layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+@_checker
+def check_model_cache_bytes(answer: object) -> str:
+    """Chapter 11, exercise 1: Llama 3 70B's KV cache per token, in 16-bit numbers (80 layers,
+    8 key/value heads of width 128; Grattafiori et al. 2024, Table 3)."""
+    answer = _number(answer)
+    layers, kv_heads, head_dim, itemsize = 80, 8, 128, torch.empty(0, dtype=torch.float16).element_size()
+    want = model_cache_bytes(layers, kv_heads, head_dim, torch.float16)
+    if answer == want // 2:
+        raise NotYet(f"{answer:,} counts the keys or the values: a token caches both")
+    if answer == layers * 2 * 64 * head_dim * itemsize:
+        raise NotYet(f"{answer:,} counts the 64 query heads: only the 8 key/value heads are cached")
+    if answer == want // layers:
+        raise NotYet(f"{answer:,} is one layer's: every one of the 80 layers has its own cache")
+    if answer == want * 2:
+        raise NotYet(f"{answer:,} counts 4 bytes a number: 16-bit numbers take 2")
+    if answer != want:
+        raise NotYet(f"{answer:,} is not it: layers x (key and value) x KV heads x width x bytes")
+    return f"{want:,} bytes = {want // 2**10:,} KiB per token, {want * 8192 / 2**30:.1f} GiB at 8,192 tokens"
+
+
+def _pooled(w: Tensor, n_kv: int, g: int, how: str) -> Tensor:
+    """The rows of a key or value projection's weight ``(H * hd, d)`` (or bias ``(H * hd,)``)
+    pooled into ``n_kv`` heads of ``g``, the right way (``"mean"``, adjacent heads) or a typical
+    wrong one."""
+    rows = w.shape[0] // (n_kv * g)  # hd
+    adjacent = w.reshape(n_kv, g, rows, *w.shape[1:])  # (H_kv, g, hd, ...): a group's heads together
+    strided = w.reshape(g, n_kv, rows, *w.shape[1:]).transpose(0, 1)  # (H_kv, g, hd, ...): every H_kv-th
+    pooled = {"mean": adjacent.mean(1), "sum": adjacent.sum(1), "first": adjacent[:, 0],
+              "last": adjacent[:, -1], "strided": strided.mean(1), "strided_sum": strided.sum(1)}[how]
+    return pooled.reshape(n_kv * rows, *w.shape[1:])  # (H_kv * hd, ...)
+
+
+_POOLING_MISTAKES = {
+    "strided": "your key/value head j averages query heads j, j + n_kv_heads, j + 2 n_kv_heads, "
+               "... (every n_kv_heads-th head). The layer gives query head i the key/value head "
+               "i // g (g = n_heads // n_kv_heads, repeat_kv's repeat_interleave order), so group j "
+               "is the adjacent heads j*g .. (j+1)*g - 1: view the weight as (n_kv_heads, g, "
+               "head_dim, d_model) and average over dim 1",
+    "sum": "your key/value heads are the sum of their group's heads, g times too large: "
+           "mean-pool them (divide by g = n_heads // n_kv_heads)",
+    "strided_sum": "your key/value heads sum every n_kv_heads-th head: average (divide by g) "
+                   "the adjacent heads j*g .. (j+1)*g - 1 that share key/value head j",
+    "first": "your key/value heads keep the first head of each group: uptraining mean-pools every "
+             "head of the group (Ainslie et al. found the mean better than keeping one head)",
+    "last": "your key/value heads keep the last head of each group: uptraining mean-pools every "
+            "head of the group",
+}
+
+
+def _uptraining_case(fn: object, d_model: int, n_heads: int, n_kv: int, rope: bool, seed: int) -> None:
+    mha = _seeded_layer(seed, d_model, n_heads, rope=rope)
+    cfg, g = mha.config, n_heads // n_kv
+    before = {name: t.clone() for name, t in mha.state_dict().items()}
+    given = f"given an MHA layer of {n_heads} heads (rope={rope}) and n_kv_heads={n_kv}"
+    with torch.random.fork_rng(devices=[]):
+        try:
+            gqa = _call(fn, mha, n_kv)
+        except NotYet as why:
+            if "leaf Variable" not in str(why):
+                raise
+            raise NotYet(f"{why}. Copy weights into a layer's parameters under torch.no_grad(), "
+                         "or with load_state_dict") from None
+    if not all(torch.equal(t, before[name]) for name, t in mha.state_dict().items()):
+        raise NotYet(f"{given}, your function changed the MHA layer's weights: build the GQA layer "
+                     "as a new MultiHeadAttention and copy into it, leaving the checkpoint as it was")
+    if not isinstance(gqa, MultiHeadAttention):
+        raise NotYet(f"{given}, return a selfattn.MultiHeadAttention (the GQA layer), got "
+                     f"{type(gqa).__name__}")
+    got = gqa.config
+    if got.n_heads != n_heads:
+        raise NotYet(f"{given}, your layer has {got.n_heads} query heads: "
+                     + ("you pooled the queries too. " if got.n_heads == n_kv else "")
+                     + f"GQA keeps all {n_heads} query heads; only the key and value heads are "
+                     "pooled, each group of query heads sharing one")
+    if got.n_kv_heads != n_kv:
+        raise NotYet(f"{given}, your layer has n_kv_heads={got.n_kv_heads}; build it with "
+                     f"MultiHeadAttention(..., n_kv_heads={n_kv})")
+    for name in ("d_model", "head_dim", "kdim", "vdim", "out_dim", "bias", "rope"):
+        if getattr(got, name) != getattr(cfg, name):
+            raise NotYet(f"{given}, your layer has {name}={getattr(got, name)}, the MHA layer "
+                         f"{name}={getattr(cfg, name)}: keep every setting but n_kv_heads "
+                         "(head_dim, bias and rope included)")
+    ours = dict(mha.named_parameters())
+    for name, p in gqa.named_parameters():
+        if any(p.data_ptr() == q.data_ptr() for q in ours.values()):
+            raise NotYet(f"{given}, your layer's {name} shares its storage with the MHA layer's: "
+                         "uptraining it would change the checkpoint too. Copy the weights "
+                         "(load_state_dict, or .copy_ under torch.no_grad())")
+    for proj in ("q_proj", "out_proj"):
+        for part in ("weight", "bias"):
+            if not _equal(getattr(getattr(gqa, proj), part), getattr(getattr(mha, proj), part)):
+                raise NotYet(f"{given}, your {proj}.{part} is not the MHA layer's: uptraining keeps "
+                             "the query and output projections as they are; copy them")
+    for proj in ("k_proj", "v_proj"):
+        theirs, mine = getattr(gqa, proj), getattr(mha, proj)
+        want = _pooled(mine.weight, n_kv, g, "mean")  # (H_kv * hd, d)
+        got_w = _tensor(theirs.weight, want)
+        role = "key" if proj == "k_proj" else "value"
+        if not _close(got_w, want, atol=1e-6, rtol=1e-5):
+            hint = next((h for how, h in _POOLING_MISTAKES.items()
+                         if _close(got_w, _pooled(mine.weight, n_kv, g, how), atol=1e-6, rtol=1e-5)), None)
+            raise NotYet(f"{given}, {proj}.weight: " + (hint or f"your {role} heads are not the "
+                         f"mean of each group's {g} adjacent {role} heads (query heads j*g .. "
+                         f"(j+1)*g - 1 share key/value head j); they differ by up to "
+                         f"{(got_w.detach() - want).abs().max():.3g}"))
+        want_b = _pooled(mine.bias, n_kv, g, "mean")  # (H_kv * hd,)
+        if not _close(_tensor(theirs.bias, want_b), want_b, atol=1e-6, rtol=1e-5):
+            raise NotYet(f"{given}, {proj}.weight is pooled right but {proj}.bias is not: a head's "
+                         f"{role}s are W x + b, so pool the bias the same way, each group's mean")
+
+
+def _swapped(model: AttentionTagger, attn: MultiHeadAttention) -> AttentionTagger:
+    """A copy of ``model`` whose attention layer is ``attn``."""
+    out = copy.deepcopy(model)
+    out.attn = attn
+    return out
+
+
+def uptraining_recovery(fn: Callable[[MultiHeadAttention, int], MultiHeadAttention],
+                        seeds: list[int] | range | None = None, n_kv_heads: int = 2,
+                        steps: int = 300, uptrain_steps: int | None = None,
+                        progress: bool = False) -> dict[str, list[float]]:
+    """GQA uptraining (Ainslie et al. 2023, §2.1) on chapter 1's distance-cue tagging task
+    (16 tokens, the cue up to 15 back), one run per seed: an :class:`~selfattn.book.tagging.AttentionTagger`
+    with 4 heads of 8 (MHA) trained ``steps``; its layer converted by ``fn(layer, n_kv_heads)``
+    (mean-pooled key and value heads); the converted model trained ``uptrain_steps`` more
+    (default 5% of ``steps``, the paper's proportion). The control: the same model with the
+    GQA layer's query and output projections copied and its key and value projections drawn at
+    random, trained for the same budget. Returns the accuracy on the ambiguous word of a test
+    set (chance: 1 / 4), per seed, for ``"MHA"``, ``"pooled"`` (right after the conversion),
+    ``"random K/V"``, ``"pooled, uptrained"`` and ``"random K/V, uptrained"``. ``seeds``
+    default to :func:`~selfattn.book.kit.train.seed_range`, the data to
+    :func:`~selfattn.book.kit.train.data_seed`; the global random state is left as it was."""
+    from .kit.train import data_seed, seed_range
+
+    seeds = list(seed_range() if seeds is None else seeds)
+    uptrain = max(1, steps // 20) if uptrain_steps is None else uptrain_steps
+    data = tagging_task(4096, seq_len=16, seed=data_seed(0))
+    test = tagging_task(1024, seq_len=16, seed=data_seed(1))
+    arms: dict[str, list[float]] = {arm: [] for arm in ("MHA", "pooled", "random K/V",
+                                                        "pooled, uptrained", "random K/V, uptrained")}
+
+    def accuracy(model: nn.Module) -> float:
+        return ambiguous_correct(model, test).float().mean().item()
+
+    with torch.random.fork_rng(devices=[]):
+        for seed in seeds:
+            torch.manual_seed(seed)
+            mha = AttentionTagger(data.vocab_size, data.n_tags, d=32, n_heads=4)
+            train(mha, data, steps=steps, seed=seed, progress=progress, desc=f"MHA, seed {seed}")
+            pooled = _swapped(mha, _call(fn, mha.attn, n_kv_heads))  # type: ignore[arg-type]
+            with torch.no_grad():
+                cfg = mha.attn.config
+                fresh = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=n_kv_heads,
+                                           head_dim=cfg.head_dim, rope=cfg.rope)  # random K/V
+                fresh.q_proj.load_state_dict(mha.attn.q_proj.state_dict())
+                fresh.out_proj.load_state_dict(mha.attn.out_proj.state_dict())
+                control = _swapped(mha, fresh)
+            arms["MHA"].append(accuracy(mha))
+            arms["pooled"].append(accuracy(pooled))
+            arms["random K/V"].append(accuracy(control))
+            for name, model in (("pooled, uptrained", pooled), ("random K/V, uptrained", control)):
+                train(model, data, steps=uptrain, seed=seed + 1, progress=progress, desc=name)
+                arms[name].append(accuracy(model))
+    return arms
+
+
+@_checker
+def check_uptraining(fn: object) -> str:
+    """Chapter 11, build-it exercise: ``fn(mha_layer, n_kv_heads)`` converts a trained MHA
+    :class:`~selfattn.MultiHeadAttention` into a GQA one with ``n_kv_heads`` key/value heads, as
+    Ainslie et al. (2023, §2.1) uptrain a checkpoint: the query and output projections copied,
+    each group's key and value heads (the adjacent query heads ``j*g .. (j+1)*g - 1`` that share
+    key/value head ``j``, ``g = n_heads // n_kv_heads``) mean-pooled, weights and biases, every
+    other setting kept. Checked exactly on seeded layers (with and without RoPE, GQA and MQA);
+    then, for one seed, a small trained tagger is converted and uptrained for 5% of its steps,
+    beside the control whose key and value heads start at random (the numbers are printed, not
+    judged: one seed is an example; :func:`uptraining_recovery` runs ten)."""
+    for d_model, n_heads, n_kv, rope, seed in [(16, 8, 2, True, 111), (12, 6, 3, False, 112),
+                                                (16, 4, 1, True, 113), (16, 8, 8, False, 114)]:
+        _uptraining_case(fn, d_model, n_heads, n_kv, rope, seed)
+    acc = {arm: values[0] for arm, values in uptraining_recovery(fn, seeds=[0]).items()}
+    return (f"each group's key and value heads are mean-pooled, the queries and output kept. On the "
+            f"tagging task (one seed: the numbers vary from seed to seed; chance 25%), the MHA "
+            f"tagger gets {acc['MHA']:.0%} of the "
+            f"ambiguous words; pooled to 2 key/value heads {acc['pooled']:.0%}, and "
+            f"{acc['pooled, uptrained']:.0%} after 5% more steps; with random key/value heads "
+            f"{acc['random K/V']:.0%}, and {acc['random K/V, uptrained']:.0%} after the same steps")
+
+
+def buggy_decode(layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> Tensor:
+    """Chapter 11's cache bug: decode ``x`` (B, T, d_model) through ``layer``
+    (self-attention, causal, any number of key/value heads, RoPE or not) a chunk of
+    tokens at a time, ``chunks`` their lengths (a prompt, then one token at a time, now
+    and then a few at once, as when a draft's tokens are checked), keeping every key and
+    value in a cache. Returns the layer's outputs for every token, (B, T, out_dim),
+    which should equal ``layer(x, is_causal=True)[0]``. One line is wrong."""
+    cfg = layer.config
+    g = cfg.n_heads // cfg.n_kv_heads  # query heads per key/value head
+    keys = values = None  # the cache: (B, H_kv, tokens so far, hd)
+    outputs, start = [], 0
+    for n in chunks:
+        chunk = x[:, start : start + n]  # (B, n, d_model): the new tokens
+        q = split_heads(layer.q_proj(chunk), cfg.n_heads)  # (B, H, n, hd)
+        k = split_heads(layer.k_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        v = split_heads(layer.v_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        if cfg.rope:  # the new tokens sit at positions start .. start + n - 1
+            positions = torch.arange(start, start + n, device=x.device)
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+        # the cache, (B, H_kv, start + n, hd) each
+        keys = k if keys is None else torch.cat([keys, k], dim=2)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        kv = repeat_kv(keys, g), repeat_kv(values, g)  # (B, H, start + n, hd) each
+        out, _ = scaled_dot_product_attention(q, *kv, is_causal=True)  # (B, H, n, hd)
+        outputs.append(layer.out_proj(merge_heads(out)))  # (B, n, out_dim)
+        start += n
+    return torch.cat(outputs, dim=1)  # (B, T, out_dim)
+
+
+def _decode_variant(layer: MultiHeadAttention, x: Tensor, chunks: list[int], mask: str,
+                    rope_from_zero: bool = False) -> Tensor:
+    """:func:`buggy_decode` with the new queries' mask chosen by ``mask``: ``"bottom_right"``
+    (right: query ``i`` of a chunk after ``P`` cached tokens sees keys ``0 .. P + i``),
+    ``"top_left"`` (the bug: ``is_causal=True``), ``"none"``, ``"first_only"`` (causal for the
+    first chunk, nothing after: right for single tokens, wrong for a later chunk of several),
+    ``"top_left_chunks"`` (``is_causal=n > 1``: the same, with the bug in later chunks)
+    or ``"cached_only"`` (the new tokens do not see one another, nor themselves); with
+    ``rope_from_zero``, each chunk rotated as if it started at position 0."""
+    cfg = layer.config
+    g = cfg.n_heads // cfg.n_kv_heads
+    keys = values = None
+    outputs, start = [], 0
+    for n in chunks:
+        chunk = x[:, start : start + n]  # (B, n, d_model)
+        q = split_heads(layer.q_proj(chunk), cfg.n_heads)  # (B, H, n, hd)
+        k = split_heads(layer.k_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        v = split_heads(layer.v_proj(chunk), cfg.n_kv_heads)  # (B, H_kv, n, hd)
+        if cfg.rope:
+            positions = torch.arange(n) if rope_from_zero else torch.arange(start, start + n)
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)  # (B, H_kv, start + n, hd)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        S = start + n
+        attn_mask = {"bottom_right": causal_mask(n, S, offset=start),
+                     "top_left": causal_mask(n, S),
+                     "none": None,
+                     "first_only": causal_mask(n, S) if start == 0 else None,
+                     "top_left_chunks": causal_mask(n, S) if n > 1 else None,
+                     "cached_only": causal_mask(n, S, offset=start - 1) if start else causal_mask(n)}[mask]
+        out, _ = scaled_dot_product_attention(q, repeat_kv(keys, g), repeat_kv(values, g),
+                                              attn_mask=attn_mask)  # (B, H, n, hd)
+        outputs.append(layer.out_proj(merge_heads(out)))  # (B, n, out_dim)
+        start += n
+    return torch.cat(outputs, dim=1)  # (B, T, out_dim)
+
+
+class _TokensSeen:
+    """Counts the tokens each call of a layer's ``k_proj`` projects (forward hooks), to tell
+    decoding with a cache (each token projected once, chunk by chunk) from recomputing."""
+
+    def __init__(self, layer: MultiHeadAttention) -> None:
+        self.calls: list[int] = []
+        self._hook = layer.k_proj.register_forward_hook(
+            lambda module, args, out: self.calls.append(args[0].shape[-2] if args[0].dim() > 1 else 1))
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+
+def _cache_bug_case(fn: object, layer: MultiHeadAttention, x: Tensor, chunks: list[int]) -> None:
+    given = f"decoding chunks of {chunks} tokens"
+    with torch.no_grad():
+        want, _ = layer(x, is_causal=True)  # (B, T, d_model): the full causal pass
+    seen = _TokensSeen(layer)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            got = _tensor(_call(fn, layer, x.clone(), list(chunks)), want)
+    finally:
+        seen.remove()
+    if not _close(got, want):
+        with torch.no_grad():
+            if _close(got, buggy_decode(layer, x, chunks)):
+                raise NotYet(f"{given}, your function gives what buggy_decode gives: the first "
+                             "chunk (into an empty cache) is right, every later one wrong. "
+                             "Where do the new queries sit when the cache already holds tokens, "
+                             "and what does is_causal=True assume about them?")
+            variants = [
+                ("none", f"{given}, the tokens of a chunk see the later tokens of their own chunk: "
+                 "a chunk of several tokens still needs a causal mask among themselves"),
+                ("first_only", f"{given}, right for the prompt and for one token at a time, wrong "
+                 "for a later chunk of several: each of its queries sees every cached key and the "
+                 "new keys up to its own, a causal mask aligned bottom-right, "
+                 "causal_mask(n, S, offset=S - n)"),
+                ("cached_only", f"{given}, each new token sees the cached tokens but not itself: "
+                 "append the new keys and values before attending"),
+            ]
+            variants.insert(2, ("top_left_chunks", variants[1][1]))
+            for mask, hint in variants:
+                if _close(got, _decode_variant(layer, x, chunks, mask)):
+                    raise NotYet(hint)
+            if layer.config.rope and _close(got, _decode_variant(layer, x, chunks, "bottom_right",
+                                                                rope_from_zero=True)):
+                raise NotYet(f"{given}, the mask is right now, but each chunk is rotated as if it "
+                             "started at position 0: RoPE must turn the new tokens by their own "
+                             "positions, start .. start + n - 1")
+        raise NotYet(f"{given}, your outputs differ from the layer's causal pass over the whole "
+                     f"sequence by up to {(got.detach().to(want.dtype) - want).abs().max():.3g}")
+    if sum(seen.calls) > x.shape[1]:
+        raise NotYet(f"{given}, the outputs are right, but k_proj projected {sum(seen.calls)} "
+                     f"tokens for a sequence of {x.shape[1]}: your function recomputes the keys of "
+                     "earlier tokens. Keep them in the cache and project only the new ones")
+    if seen.calls and len(chunks) > 1 and seen.calls == [x.shape[1]]:
+        raise NotYet(f"{given}, the outputs are right, but your function projected the keys of "
+                     "the whole sequence in one call: decoding sees one chunk at a time, so "
+                     "project and cache each chunk's keys and values as it comes, as buggy_decode does")
+
+
+@_checker
+def check_cache_bug(fn: object) -> str:
+    """Chapter 11, build-it exercise: ``fn(layer, x, chunks)`` is :func:`buggy_decode` with its
+    one bug fixed: decoding ``x`` (B, T, d_model) through a :class:`~selfattn.MultiHeadAttention`
+    ``layer`` chunk by chunk (``chunks``: their lengths), with a cache of keys and values, gives
+    the layer's causal pass over the whole sequence, ``layer(x, is_causal=True)[0]``. Checked on
+    seeded layers (GQA with RoPE, MHA without) fed a prompt then single tokens, and chunks of
+    several tokens after the prompt; an answer that recomputes the earlier tokens' keys, or runs
+    the whole sequence at once, is named as such."""
+    g = torch.Generator().manual_seed(115)
+    cases = [(_seeded_layer(116, 16, 4, n_kv_heads=2, rope=True), [4, 1, 1, 1, 1]),
+             (_seeded_layer(116, 16, 4, n_kv_heads=2, rope=True), [3, 1, 2, 1, 3, 1]),
+             (_seeded_layer(117, 12, 3), [1, 1, 1, 2, 1])]
+    for layer, chunks in cases:
+        x = torch.randn(2, sum(chunks), layer.config.d_model, generator=g)  # (B, T, d_model)
+        _cache_bug_case(fn, layer, x, chunks)
+    return ("a prompt, single tokens and later chunks of several tokens decoded with the cache "
+            "give the full causal pass: the new queries sit after the cached keys, so their "
+            "causal mask is aligned bottom-right, causal_mask(n, S, offset=S - n), or no mask "
+            "for a single token")

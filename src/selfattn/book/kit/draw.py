@@ -1,0 +1,121 @@
+r"""What the book's schematic diagrams are drawn with: data-flow pictures in matplotlib.
+
+Each topic's diagram functions return a :class:`Diagram`: a ``matplotlib.figure.Figure`` (made
+without pyplot) and an ``alt`` text for screen readers. Jupyter, Colab and the built book show it
+as a PNG with its alt text; it fits the page (``viz.PAGE_WIDTH`` inches at 100 dpi, text at least
+7 pt). Every label is computed from the code, so a change in the code cannot leave a stale picture.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch
+
+from .viz import png_256
+
+DPI = 100  # the book shows a notebook's PNG at 100 dpi, full size up to PAGE_WIDTH inches
+
+
+PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 pt (scripts at 7)
+
+
+INK = "#222222"
+
+
+_TAB = colormaps["tab10"].colors
+
+
+Q, K, V, OUT, GREY = _TAB[0], _TAB[1], _TAB[2], _TAB[4], _TAB[7]
+
+
+MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
+
+
+class Diagram:
+    """A schematic figure and its alt text; shown by Jupyter, Colab and the book as one
+    ``<img alt=...>`` (HTML only: a PNG output beside it would store the picture twice)."""
+
+    def __init__(self, figure: Figure, alt: str) -> None:
+        self.figure = figure
+        self.alt = alt
+        self._png: bytes | None = None
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes at 100 dpi, opaque white behind, in 256 colours (a diagram has
+        few; this makes the file three times smaller, and the same bytes on every run)."""
+        if self._png is None:
+            self._png = png_256(self.figure, DPI)
+        return self._png
+
+    def _repr_html_(self) -> str:
+        png = self.png()
+        width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width, then height
+        data = base64.b64encode(png).decode("ascii")
+        return (f'<img class="selfattn-diagram" src="data:image/png;base64,{data}" '
+                f'alt="{html.escape(self.alt)}" width="{width}">')
+
+    def __repr__(self) -> str:
+        return f"Diagram(alt={self.alt!r})"
+
+
+def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.set_axis_off()
+    return fig, ax
+
+
+def _tint(color, amount: float = 0.18) -> tuple[float, float, float]:
+    return tuple(1 - amount * (1 - c) for c in to_rgb(color))
+
+
+def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
+         size: float = PT, family: str | None = None, fill=None, gid: str | None = None):
+    """A rounded box centred at ``(x, y)``, ``w`` by ``h`` inches, with ``text`` in the middle."""
+    r = min(0.06, w / 4, h / 4)
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={r}",
+                                facecolor=_tint(color) if fill is None else fill, edgecolor=color,
+                                linewidth=1.1, gid=gid))
+    if text:
+        ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK, family=family)
+
+
+def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
+           lw: float = 1.0) -> None:
+    ax.annotate("", xy=end, xytext=start, arrowprops={
+        "arrowstyle": "-|>,head_length=0.45,head_width=0.2", "color": color, "lw": lw,
+        "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
+
+
+def _text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
+    kw.setdefault("color", INK)
+    kw.setdefault("va", "center")
+    ax.text(x, y, s, fontsize=size, **kw)
+
+
+def _shape(*dims: int) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+def _runs(numbers: list[int]) -> str:
+    """``0–3, 11–18``: sorted whole numbers as runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+
+
+def _slot_range(start: int, stop: int) -> str:
+    """``slot 3`` or ``slots 4–11``: the slots ``start`` to ``stop - 1``."""
+    return f"slot {start}" if stop - start == 1 else f"slots {start}–{stop - 1}"

@@ -1,0 +1,678 @@
+"""Chapter 9, performance: the attention benchmarks, the GPU kernels, the online softmax's tiles.
+
+:func:`einsum_attention` is the second article's core, :func:`matmul_attention` the same written
+with ``@``; the benchmarks return rows (dicts) that the chapter prints and plots, and ``make bench``
+runs them at full size (:mod:`.bench`). The diagram of the tiles FlashAttention's online softmax
+walks, and the checkers of the chapter's exercises.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import platform
+
+import torch
+import torch.nn.functional as F
+from matplotlib.patches import FancyBboxPatch, Polygon
+from torch import Tensor, nn
+
+from .. import fastpaths
+from ..attention import scaled_dot_product_attention
+from ..checks import check_positive_int
+from ..masks import causal_mask
+from ..multihead import MultiHeadAttention
+from ..tiled import tiled_attention
+from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
+from .kit.draw import GREY, MONO, OUT, Diagram, Q, _arrow, _canvas, _text, _tint
+from .kit.measure import (
+    attention_flops,
+    compare,
+    fresh_process_peak_memory,
+    mha_flops,
+    peak_memory,
+    saved_tensor_bytes,
+)
+from .kit.viz import PAGE_WIDTH
+from .multi_head import _decode_inputs
+from .pitfalls import EinopsSelfAttention
+
+
+def einsum_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention in einsum notation: ``(B, H, T, hd)`` in and out, no mask."""
+    scores = torch.einsum("bhld,bhsd->bhls", q * q.shape[-1] ** -0.5, k)  # (B, H, L, S)
+    return torch.einsum("bhls,bhsd->bhld", torch.softmax(scores, dim=-1), v)  # (B, H, L, hd)
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """:func:`einsum_attention` with ``@``: ``softmax(q k^T / sqrt(hd)) v``, nothing else."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, L, S)
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, L, hd)
+
+
+FLOOR = "floor: 4 projections + F.sdpa"  # the layer row of attention_benchmark that is a bound
+
+
+FAST, WEIGHTS = "MultiHeadAttention, fast path", "MultiHeadAttention, weights"
+
+
+TORCH, TORCH_WEIGHTS = ("nn.MultiheadAttention(need_weights=False)",
+                        "nn.MultiheadAttention(need_weights=True)")
+
+
+TORCH_DEFAULT = "nn.MultiheadAttention, default call"
+
+
+CAUSAL = ", causal"  # ends the names of the causal rows timed with autograd
+
+
+def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_heads: int = 8,
+                        repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0) -> list[dict]:
+    """Forward, forward+backward and causal inference times of every variant, side by side.
+
+    Rows: ``variant``, ``level`` (``core``: attention given q, k, v; ``layer``: projections
+    too), ``mode``, ``causal``, ``ms``, ``gflops`` (FLOPs / time; causal rows count only the
+    products the mask keeps, $T(T+1)/2$ of the $T^2$ scores, whatever a variant computes),
+    ``discarded`` (contended samples), ``vs_sdpa`` (time / F.sdpa's time in the same mode) and
+    ``vs_reference`` (core rows vs F.sdpa, layer rows vs
+    ``nn.MultiheadAttention(need_weights=False)``).
+
+    Every inference row is causal. Forward and forward+backward also time the two layers that
+    return weights under a causal mask (``WEIGHTS + CAUSAL``: ``is_causal=True``;
+    ``TORCH_WEIGHTS + CAUSAL``: the same mask as ``attn_mask``, True = masked, as
+    ``nn.MultiheadAttention`` takes it). The layer row ``FLOOR`` runs only the kernels no layer
+    can avoid: its four projections and ``F.scaled_dot_product_attention``, each on inputs of the
+    layer's shapes. A layer's time over the floor's is what its own code adds (splitting heads,
+    copies, checks).
+    """
+    torch.manual_seed(seed)
+    hd = d_model // n_heads
+    q, k, v = (torch.randn(batch, n_heads, T, hd, requires_grad=True) for _ in range(3))
+    x = torch.randn(batch, T, d_model, requires_grad=True)
+    ours = MultiHeadAttention(d_model, n_heads)
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    einops_layer = EinopsSelfAttention(d_model, n_heads)
+    projections = [ours.q_proj, ours.k_proj, ours.v_proj, ours.out_proj]
+    blocked = torch.ones(T, T, dtype=torch.bool).triu(1)  # nn.MultiheadAttention: True = masked
+
+    def floor(**sdpa) -> list[Tensor]:  # the four projections and the attention, nothing else
+        return [p(x) for p in projections] + [F.scaled_dot_product_attention(q, k, v, **sdpa)]
+
+    core = {
+        "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
+        "selfattn.scaled_dot_product_attention": lambda: scaled_dot_product_attention(q, k, v)[0],
+        "einsum attention": lambda: einsum_attention(q, k, v),
+        "plain matmul attention": lambda: matmul_attention(q, k, v),
+    }
+    layer = {
+        FAST: lambda: ours(x)[0],
+        WEIGHTS: lambda: ours(x, need_weights=True)[0],
+        WEIGHTS + CAUSAL: lambda: ours(x, is_causal=True, need_weights=True)[0],
+        "einops + einsum layer": lambda: einops_layer(x, x, x),
+        TORCH: lambda: theirs(x, x, x, need_weights=False)[0],
+        TORCH_WEIGHTS: lambda: theirs(x, x, x, need_weights=True, average_attn_weights=False)[0],
+        TORCH_WEIGHTS + CAUSAL: lambda: theirs(x, x, x, attn_mask=blocked, need_weights=True,
+                                               average_attn_weights=False)[0],
+        FLOOR: floor,
+    }
+    level = {**dict.fromkeys(core, "core"), **dict.fromkeys(layer, "layer")}
+    fns = {**core, **layer}
+
+    def backward(fn):
+        if fn is floor:  # several outputs: a gradient of ones for each, as .sum() would give
+            return lambda: torch.autograd.backward(
+                outs := fn(), [torch.ones(()).expand_as(o) for o in outs])
+        return lambda: fn().sum().backward()
+
+    attention = attention_flops(T, T, hd, n_heads, batch)
+    masked = attention * (T - 1) / (2 * T)  # the products of the scores a causal mask drops
+    flops: dict[tuple[str, bool], float] = {("core", False): attention,
+                                           ("layer", False): mha_flops(batch, T, d_model)}
+    flops |= {(kind, True): count - masked for (kind, _), count in flops.items()}
+
+    def row(name: str, kind: str, mode: str, causal: bool, t, factor: int = 1) -> dict:
+        return {"variant": name, "level": kind, "mode": mode, "causal": causal,
+                "ms": 1e3 * t.median, "gflops": factor * flops[(kind, causal)] / t.median / 1e9,
+                "discarded": t.discarded}
+
+    rows = []
+    for mode, timed, factor in [("forward", fns, 1),
+                                ("forward+backward", {n: backward(f) for n, f in fns.items()}, 3)]:
+        for name, t in compare(timed, repeats, min_sample_s=min_sample_s).items():
+            rows.append(row(name, level[name], mode, name.endswith(CAUSAL), t, factor))
+    # inference: eval mode, no autograd, a causal mask (PyTorch's C++ fast path is eligible)
+    ours.eval()
+    theirs.eval()
+    xi = x.detach()
+    qi, ki, vi = q.detach(), k.detach(), v.detach()
+    inference = {
+        "F.scaled_dot_product_attention":
+            lambda: F.scaled_dot_product_attention(qi, ki, vi, is_causal=True),
+        FAST: lambda: ours(xi, is_causal=True)[0],
+        WEIGHTS + CAUSAL: lambda: ours(xi, is_causal=True, need_weights=True)[0],
+        TORCH_DEFAULT: lambda: theirs(xi, xi, xi, attn_mask=blocked)[0],
+        TORCH: lambda: theirs(xi, xi, xi, attn_mask=blocked, need_weights=False, is_causal=True)[0],
+        TORCH_WEIGHTS + CAUSAL: lambda: theirs(
+            xi, xi, xi, attn_mask=blocked, need_weights=True, average_attn_weights=False)[0],
+        FLOOR: lambda: floor(is_causal=True),
+    }
+    with torch.no_grad():
+        for name, t in compare(inference, repeats, min_sample_s=min_sample_s).items():
+            kind = "core" if name.startswith("F.") else "layer"
+            rows.append(row(name, kind, "inference, causal", True, t))
+    reference = {(r["mode"], r["level"]): r["ms"] for r in rows
+                 if r["variant"] in ("F.scaled_dot_product_attention", TORCH)}
+    for r in rows:
+        r["vs_sdpa"] = r["ms"] / reference[(r["mode"], "core")]
+        r["vs_reference"] = r["ms"] / reference[(r["mode"], r["level"])]
+    return rows
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 9) -> float:
+    """GFLOP/s of one ``n x n`` float32 matmul on this machine: the practical ceiling."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / compare({"matmul": lambda: a @ b}, repeats)["matmul"].median / 1e9
+
+
+def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n_heads: int = 8,
+                      head_dim: int = 64, block_size: int | None = None, repeats: int = 5,
+                      min_sample_s: float = 0.1) -> list[dict]:
+    """Forward time (no grad) and peak tensor memory against sequence length, batch 1: the
+    explicit path, tiled attention (:mod:`selfattn.tiled`) and PyTorch's SDPA, timed side by side
+    at each length. ``block_size=None`` uses :func:`~selfattn.tiled.tiled_attention`'s default."""
+    tile = {} if block_size is None else {"block_size": block_size}
+    variants = {"explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
+                "tiled (selfattn)": lambda q: tiled_attention(q, q, q, **tile),
+                "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
+    rows = []
+    with torch.no_grad():
+        for T in lengths:
+            q = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T))
+            calls = {n: (lambda f=f, q=q: f(q)) for n, f in variants.items()}
+            times = compare(calls, repeats, warmup=1, min_sample_s=min_sample_s)
+            for name, call in calls.items():
+                rows.append({"T": T, "variant": name, "ms": 1e3 * times[name].median,
+                             "peak_mb": peak_memory(call) / 2**20,
+                             "discarded": times[name].discarded})
+    return rows
+
+
+# the variants of training_benchmark: each a function of x, and the same call as a statement on
+# x, for the fresh process that measures its peak memory
+TRAINING_VARIANTS = {
+    "explicit (selfattn)": (lambda x: scaled_dot_product_attention(x, x, x)[0],
+                            "scaled_dot_product_attention(x, x, x)[0]"),
+    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "tiled_attention(x, x, x)"),
+    "F.scaled_dot_product_attention": (lambda x: F.scaled_dot_product_attention(x, x, x),
+                                       "F.scaled_dot_product_attention(x, x, x)"),
+}
+
+
+def training_benchmark(lengths: tuple[int, ...] = (1024, 2048, 4096), n_heads: int = 8,
+                       head_dim: int = 64, repeats: int = 3, min_sample_s: float = 0.1,
+                       process_lengths: tuple[int, ...] | None = None) -> list[dict]:
+    """Forward and backward against sequence length, batch 1: for the explicit path, tiled
+    attention and PyTorch's SDPA (:data:`TRAINING_VARIANTS`), the bytes autograd saves for
+    backward (:func:`~selfattn.book.kit.measure.saved_tensor_bytes`, each storage once), the peak
+    memory of one forward+backward in a fresh process (at ``process_lengths``, every length by
+    default; None elsewhere), and its time, the three timed side by side at each length."""
+    fresh = lengths if process_lengths is None else process_lengths
+    rows = []
+    for T in lengths:
+        x = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T),
+                        requires_grad=True)
+
+        def step(f, x=x):
+            f(x).sum().backward()
+            x.grad = None
+
+        times = compare({name: (lambda f=f: step(f)) for name, (f, _) in TRAINING_VARIANTS.items()},
+                        repeats, warmup=1, min_sample_s=min_sample_s)
+        for name, (f, call) in TRAINING_VARIANTS.items():
+            peak = _fresh_training_peak(call, T, n_heads, head_dim) if T in fresh else None
+            rows.append({"T": T, "variant": name,
+                         "saved_mb": saved_tensor_bytes(lambda f=f, x=x: f(x)) / 2**20,
+                         "process_peak_mb": None if peak is None else peak / 2**20,
+                         "fwd_bwd_ms": 1e3 * times[name].median,
+                         "discarded": times[name].discarded})
+    return rows
+
+
+def _fresh_training_peak(call: str, T: int, n_heads: int, head_dim: int) -> int | None:
+    """Peak bytes of one forward+backward of ``call`` (on ``x``, ``(1, n_heads, T, head_dim)``) in
+    a fresh process, after one call on a short input (what a process allocates once is not
+    counted); the input itself is not counted, its gradient is."""
+    setup = f"""
+import torch
+import torch.nn.functional as F
+from selfattn import scaled_dot_product_attention, tiled_attention
+torch.set_num_threads({torch.get_num_threads()})
+
+def step():
+    with torch.enable_grad():
+        ({call}).sum().backward()
+
+x = torch.randn(1, {n_heads}, 16, {head_dim}, requires_grad=True)
+step()
+x = torch.randn(1, {n_heads}, {T}, {head_dim}, requires_grad=True)
+"""
+    return fresh_process_peak_memory("step()", setup)
+
+
+def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,
+                       batch: int = 8, T: int = 512, d_model: int = 512,
+                       contexts: tuple[int, int] = (8192, 16384)) -> list[dict]:
+    """Each of :mod:`selfattn.fastpaths`' paths, timed with it and without it, side by side, on
+    the call it exists for (no grad): a layer's forward with the weights over ``batch x T``
+    tokens (in-place softmax), and one decoding step of GQA-4 and of MQA
+    after ``contexts`` cached tokens (grouped heads, split cache). Rows give both times and the
+    speed-up the path brings."""
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(d_model, 8).eval()
+    x = torch.randn(batch, T, d_model)
+    gqa = MultiHeadAttention(1024, 16, n_kv_heads=4, bias=False).eval()
+    mqa = MultiHeadAttention(1024, 16, n_kv_heads=1, bias=False).eval()
+    gqa_cache, gqa_x = _decode_inputs(gqa, contexts[0], seed)
+    mqa_cache, mqa_x = _decode_inputs(mqa, contexts[1], seed)
+    cases = {
+        "inplace_softmax": (f"layer forward with weights, {batch} x {T} tokens",
+                            lambda: layer(x, need_weights=True)),
+        "grouped_heads": (f"GQA-4 decoding after {contexts[0]:,} tokens",
+                          lambda: gqa(gqa_x, is_causal=True, kv_cache=gqa_cache)),
+        "split_kv": (f"MQA decoding after {contexts[1]:,} tokens",
+                     lambda: mqa(mqa_x, is_causal=True, kv_cache=mqa_cache)),
+    }
+    rows = []
+    with torch.no_grad():
+        for path, (call, fn) in cases.items():
+            def without(fn=fn, path=path):
+                with fastpaths.disabled(path):
+                    return fn()
+
+            times = compare({"with": fn, "without": without}, repeats, min_sample_s=min_sample_s)
+            rows.append({"fast path": path, "measured on": call,
+                         "ms with": 1e3 * times["with"].median,
+                         "ms without": 1e3 * times["without"].median,
+                         "speed-up": times["without"].median / times["with"].median})
+    return rows
+
+
+def cpu_model() -> str:
+    """This machine's CPU, as Linux names it (``/proc/cpuinfo``), or as Python's platform does."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+
+
+def _kernels_that_ran(fn) -> list[str]:
+    """The compute kernels one call of ``fn`` launched: CUDA kernel names on a GPU (from
+    ``torch.profiler``), the attention operations PyTorch dispatched to on a CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .kit.measure import profiled_ops
+
+    if not torch.cuda.is_available():
+        return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return list(dict.fromkeys(n for n in names if not n.startswith(("Memcpy", "Memset"))))
+
+
+def _peak_bytes(fn, device: torch.device) -> int:
+    if device.type != "cuda":
+        return peak_memory(fn)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 2048, 4096),
+                dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.float32),
+                n_heads: int = 16, head_dim: int = 64, repeats: int = 10,
+                warmup: int = 3) -> list[dict]:
+    """Causal attention, batch 1, on ``device``: SDPA with each of its backends forced, SDPA as
+    it chooses, the Triton kernel (:mod:`selfattn.triton_attention`, where triton imports) and
+    the tiled loop, at each length and dtype. Each row: ``variant``, ``dtype``, ``T``, ``ms``
+    (median, synchronized), ``tflops`` (useful: the causal half of the products), ``peak_mib``
+    (allocated during one call, beyond its inputs), ``kernel`` (what ran), or ``error`` (a
+    backend this device or dtype does not have, or out of memory). Chapter 9 runs it on a GPU;
+    tests run it on a CPU at toy sizes, so the code cannot rot."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .kit.measure import median_time
+
+    device = torch.device(device)
+    try:
+        from .. import triton_attention
+    except ImportError:  # no triton on this platform
+        triton_attention = None
+    backends = [b for b in ("MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION")
+                if hasattr(SDPBackend, b)]
+    rows = []
+    for dtype in dtypes:
+        for T in lengths:
+            g = torch.Generator(device=device).manual_seed(T)
+            q = torch.randn(1, n_heads, T, head_dim, generator=g, device=device, dtype=dtype)
+            variants = _gpu_variants(q, [getattr(SDPBackend, b) for b in backends],
+                                     sdpa_kernel, triton_attention)
+            flops = attention_flops(T, T, head_dim, n_heads, 1) * (T + 1) / (2 * T)
+            for name, fn in variants.items():
+                row: dict = {"variant": name, "dtype": str(dtype).removeprefix("torch."), "T": T}
+                try:
+                    with torch.no_grad():
+                        seconds = median_time(fn, repeats=repeats, warmup=warmup)
+                        row |= {"ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
+                                "peak_mib": _peak_bytes(fn, device) / 2**20,
+                                "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                except Exception as exc:  # no such backend here, out of memory, a kernel
+                    # that does not fit this GPU (Triton's OutOfResources): a row that says so
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    row["error"] = str(exc).strip().splitlines()[0][:90]
+                rows.append(row)
+    return rows
+
+
+def _gpu_variants(q: Tensor, backends: list, sdpa_kernel, triton_attention) -> dict:
+    """:func:`gpu_kernels`' calls on ``q``: causal self-attention, each its own way."""
+    def forced(backend) -> Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    variants = {f"SDPA, {b.name.lower()}": (lambda b=b: forced(b)) for b in backends}
+    variants["SDPA, its own choice"] = lambda: F.scaled_dot_product_attention(
+        q, q, q, is_causal=True)
+    if triton_attention is not None:
+        variants["triton (selfattn)"] = lambda: triton_attention.triton_attention(
+            q, q, q, is_causal=True)
+    variants["tiled (selfattn)"] = lambda: tiled_attention(q, q, q, is_causal=True)
+    return variants
+
+
+def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
+                   head_dim: int = 64) -> list[dict]:
+    """Which kernel SDPA picks as the call changes, on ``device``: float16 and causal (what the
+    fast kernels want), then one change at a time, each a known silent fallback on CUDA: a mask
+    tensor instead of ``is_causal``, float32, grouped key/value heads (``enable_gqa``). Each
+    row: ``call`` and ``kernel`` (the names that ran)."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    half = torch.float16 if device.type == "cuda" else torch.float32
+
+    def x(heads: int = n_heads, dtype: torch.dtype = half) -> Tensor:
+        return torch.randn(1, heads, T, head_dim, generator=g, device=device, dtype=dtype)
+
+    q, q32, kv = x(), x(dtype=torch.float32), x(heads=n_heads // 4)
+    mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    calls = {
+        f"{str(half).removeprefix('torch.')}, is_causal=True":
+            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+        "the same causal mask as a tensor":
+            lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+        **({} if half == torch.float32 else {"float32, is_causal=True":  # a CPU: float32 above
+            lambda: F.scaled_dot_product_attention(q32, q32, q32, is_causal=True)}),
+        f"{n_heads // 4} key/value heads, enable_gqa=True":
+            lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True),
+    }
+    with torch.no_grad():
+        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                for name, fn in calls.items()]
+
+
+def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: bool = True,
+                         query_block: int | None = None) -> Diagram:
+    r"""The ``(L, S)`` score matrix as FlashAttention-2 computes it (Dao 2023, §3.1): in tiles
+    of ``block_size`` queries by ``block_size`` keys, skipping the tiles a causal mask
+    (:func:`~selfattn.masks.causal_mask`, top-left aligned) hides entirely. One query block walks
+    its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax) and
+    the unnormalised output ``acc``, divided by $l$ once at the end (the names of
+    :func:`selfattn.tiled.tiled_forward`), so the full matrix is never
+    stored. ``query_block`` defaults to the middle one."""
+    check_positive_int(L, "L", most=10**7)
+    check_positive_int(S, "S", most=10**7)
+    check_positive_int(block_size, "block_size")
+    nq, nk = math.ceil(L / block_size), math.ceil(S / block_size)
+    if max(nq, nk) > 16:
+        raise ValueError(f"{nq} x {nk} tiles are too many to draw; at most 16 per side: pass a "
+                         f"block_size of at least {math.ceil(max(L, S) / 16)}")
+    qb = nq // 2 if query_block is None else query_block
+    if isinstance(qb, bool) or not isinstance(qb, int) or not 0 <= qb < nq:
+        raise ValueError(f"query_block must be an int from 0 to {nq - 1}, got {query_block!r}")
+    keep = causal_mask(L, S) if causal else torch.ones(L, S, dtype=torch.bool)
+    t_h, t_w = min(2.6 / nq, 0.6), min(3.0 / nk, 0.6)  # a tile's height and width, in inches
+    if max(t_h, t_w) < 2 * min(t_h, t_w):  # square tiles, unless the matrix is very long or wide
+        t_h = t_w = min(t_h, t_w)
+    grid_h = L / block_size * t_h
+    W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.7)  # room for the text column beside the grid
+    fig, ax = _canvas(W, H)
+    x0, y_top = 0.45, min(H - 0.45, H - 0.8 + grid_h / 2)  # room for the rotated label beside it
+    skipped = 0
+    for a in range(nq):
+        for b in range(nk):
+            part = keep[a * block_size:(a + 1) * block_size, b * block_size:(b + 1) * block_size]
+            th, tw = t_h * part.shape[0] / block_size, t_w * part.shape[1] / block_size
+            x, y = x0 + b * t_w, y_top - a * t_h
+            visible = bool(part.any())
+            skipped += not visible
+            color = _tint(Q, 0.3) if a == qb and visible else "white" if visible else "#d9d9d9"
+            ax.add_patch(FancyBboxPatch((x + 0.015, y - th + 0.015), tw - 0.03, th - 0.03, facecolor=color,
+                                        boxstyle="round,pad=0,rounding_size=0.03", edgecolor=GREY,
+                                        lw=0.8, gid=f"tile{a}-{b}" + ("" if visible else " skipped")))
+            if visible and not bool(part.all()):  # grey over the masked corner of a diagonal tile
+                n_r, n_c = part.shape
+                first = [int(row.int().argmin()) if not row.all() else n_c for row in part]
+                pts = [(x + tw, y)]
+                for i, c in enumerate(first):  # a staircase down the first masked column of each row
+                    pts += [(x + tw * c / n_c, y - th * i / n_r), (x + tw * c / n_c, y - th * (i + 1) / n_r)]
+                ax.add_patch(Polygon([*pts, (x + tw, y - th)], facecolor="#d9d9d9", edgecolor="none"))
+    _text(ax, x0 + S / block_size * t_w / 2, y_top + 0.18, f"keys (S = {S})", ha="center")
+    _text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {L})", ha="center", rotation=90)
+    y_row = y_top - (qb + 0.5) * t_h
+    last = max(b for b in range(nk) if keep[qb * block_size:(qb + 1) * block_size,
+                                            b * block_size:(b + 1) * block_size].any())
+    _arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
+           OUT, lw=1.8)
+    if t_h >= 0.3 and (last + 1) * t_w >= 0.45:  # room for a label over the arrow
+        _text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
+    x_t = x0 + nk * t_w + 0.35
+    rows = f"{qb * block_size}–{min((qb + 1) * block_size, L) - 1}"
+    lines = [(f"block_size = {block_size}: {nq} × {nk} tiles", {})]
+    if causal:
+        lines.append((f"grey: hidden by the causal mask;\n{skipped} of {nq * nk} tiles skipped", {}))
+    lines += [(f"query block {qb} (rows {rows}) walks its key\nblocks left to right, keeping per row:",
+               {"color": OUT}),
+              ("m_new = max(m, rowmax(s))\n"
+               "alpha = exp(m − m_new)\n"
+               "l = alpha · l + rowsum(exp(s − m_new))\n"
+               "acc = alpha · acc + exp(s − m_new) @ V_j\n"
+               "m = m_new\n"
+               "at the end: acc / l",
+               {"family": MONO, "size": 8.5, "x": x_t + 0.15}),
+              (f"never stored: the full L × S matrix\n({L} × {S} = {L * S:,} scores)", {})]
+    y = H - 0.3
+    for text, kw in lines:
+        line_h = 0.165 if kw.get("family") == MONO else 0.21  # inches per line of 8.5 or 9 pt
+        _text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
+        y -= line_h * (text.count("\n") + 1) + 0.17
+    mask = f"; the causal mask hides {skipped} of them entirely, and they are skipped" if causal else ""
+    return Diagram(fig, f"The {L} × {S} score matrix cut into {nq} × {nk} tiles of {block_size}{mask}. "
+                        f"Query block {qb} walks its key blocks left to right, updating a running maximum "
+                        f"m and sum l per row and an output acc that is divided by l at the end, so the "
+                        f"full matrix is never stored.")
+
+
+def scores_bytes(n_heads: int, T: int, dtype: torch.dtype = torch.float32) -> int:
+    """Chapter 9, exercise 2: the bytes of one ``(n_heads, T, T)`` matrix of scores."""
+    return torch.empty(0, dtype=dtype).element_size() * n_heads * T * T
+
+
+@_checker
+def check_attention_flops(fn: object) -> str:
+    """Chapter 9, exercise 1: ``fn(L, S, d, n_heads, batch)`` is attention's dense forward FLOPs."""
+    for args in ((1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)):
+        got = _call(fn, *args)
+        want = attention_flops(*args)
+        if got != want:
+            hint = " (that counts each product once: a multiply-add is 2 FLOPs)" if got == want // 2 else ""
+            raise NotYet(f"for (L, S, d, n_heads, batch) = {args}: you say {got!r}, expected "
+                         f"{want:,}{hint}")
+    return "4 * L * S * d per head and per sequence: QK^T and AV, 2LSd each"
+
+
+@_checker
+def check_scores_bytes(answer: object) -> str:
+    """Chapter 9, exercise 2: bytes of a (32, 8192, 8192) float32 score matrix."""
+    answer = _number(answer)
+    want = scores_bytes(32, 8192, torch.float32)
+    if answer != want:
+        raise NotYet(f"{answer:,} is not it: heads x T x T numbers of 4 bytes each")
+    return f"{want:,} bytes = {want / 2**30:.0f} GiB for one layer's scores"
+
+
+def _softmax_unrescaled(scores: Tensor, block_size: int) -> Tensor:
+    """The online softmax that forgets to rescale its running sum when the maximum grows."""
+    m = torch.full((*scores.shape[:-1], 1), float("-inf"), dtype=scores.dtype)
+    total = torch.zeros_like(m)
+    for start in range(0, scores.shape[-1], block_size):
+        block = scores[..., start : start + block_size]
+        m = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        total = total + torch.exp(block - m).sum(dim=-1, keepdim=True)
+    return torch.exp(scores - m) / total
+
+
+def _softmax_per_block(scores: Tensor, block_size: int) -> Tensor:
+    """Each block normalised on its own."""
+    return torch.cat([torch.softmax(b, dim=-1) for b in scores.split(block_size, dim=-1)], dim=-1)
+
+
+def _online_softmax_case(fn: object, scores: Tensor, block_size: int, what: str,
+                         later_max: bool = False) -> None:
+    """``fn(scores, block_size)`` against torch.softmax. ``later_max``: the maximum is not in the
+    first block, and the cases where it is have passed already."""
+    before = scores.clone()
+    want = torch.softmax(scores, dim=-1)
+    got = _tensor(_call(fn, scores, block_size), want)
+    given = f"with block_size={block_size} and {scores.shape[-1]} columns ({what})"
+    if not _equal(scores, before):
+        raise NotYet("your function changed the scores in place; compute the weights in new tensors")
+    if _close(got, want):
+        return
+    if not torch.isfinite(got).all():
+        raise NotYet(f"{given}, your weights hold inf or NaN: exp overflows above about 88 in "
+                     "float32. Subtract the running maximum before exp, and multiply the running "
+                     "sum by exp(old max - new max) when the maximum grows")
+    hint = _first_match(got, [
+        (lambda: _softmax_per_block(scores, block_size), f"{given}, each block of weights sums to 1 "
+         "on its own: the normaliser is the sum over all the columns, so carry a running sum "
+         "from block to block"),
+        (lambda: _softmax_unrescaled(scores, block_size), f"{given}, the weights are wrong when a "
+         "later block holds a larger maximum: when the running maximum grows from m to m', the "
+         "running sum must be multiplied by exp(m - m')"),
+    ])
+    if hint:
+        raise NotYet(hint)
+    if later_max:
+        raise NotYet(f"{given}, your weights are wrong, though right when the first block holds the "
+                     "maximum: when the running maximum grows from m to m', the running sum "
+                     "must be multiplied by exp(m - m')")
+    raise NotYet(f"{given}, your weights differ from torch.softmax by up to "
+                 f"{(got.detach().to(want.dtype) - want).abs().max():.3g}")
+
+
+_SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "logsumexp",
+                "logcumsumexp", "_safe_softmax", "special_softmax"}
+
+
+_REDUCTIONS = {"amax", "amin", "aminmax", "max", "min", "sum", "nansum", "mean", "nanmean", "prod",
+               "cumsum", "cumprod", "cummax", "cummin", "var", "std", "var_mean", "std_mean",
+               "norm", "linalg_vector_norm", "median", "nanmedian", "kthvalue", "mode", "sort",
+               "topk", "argmax", "argmin", "all", "any", "count_nonzero"}
+
+
+_PRODUCTS = {"mm", "bmm", "mv", "dot", "vdot", "matmul", "addmm", "addmv", "baddbmm", "einsum",
+             "tensordot", "inner"}
+
+
+def _reduced_columns(name: str, args: tuple, kwargs: dict) -> int:
+    """How many numbers one output of the reduction ``name(*args, **kwargs)`` is computed from:
+    the sizes of the dims it reduces (every element when no dim is given)."""
+    x = args[0]
+    dim = kwargs.get("dim", args[1] if len(args) > 1 and not isinstance(args[1], bool) else None)
+    if name in ("kthvalue",):  # kthvalue(x, k, dim)
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+    if isinstance(dim, Tensor) or (name in ("norm",) and not isinstance(dim, (int, list, tuple))):
+        dim = kwargs.get("dim")
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return x.numel()
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return math.prod(x.shape[d] for d in dims) if x.dim() else 1
+
+
+def _whole_row_reads(fn: object, scores: Tensor, block_size: int) -> None:
+    """The online softmax must read the row ``block_size`` columns at a time: reject a softmax
+    op, any reduction that combines more than ``block_size`` numbers into one (a maximum or a
+    sum of the whole row at once is the two-pass softmax, correct but not the algorithm), and a
+    matrix product that sums over more than ``block_size`` (a sum written as ``e @ ones``).
+    Seen at the level of PyTorch's basic operations, so it does not matter how the code is
+    written, or along which dim it puts the columns."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # private API: loaded on use
+
+    seen: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            first = args[0] if args else None
+            if name in _SOFTMAX_OPS:
+                seen.append(f"torch.{name.lstrip('_')}")
+            elif name in _REDUCTIONS and isinstance(first, Tensor) and first.dim() > 0:
+                n = _reduced_columns(name, args, kwargs)
+                if n > block_size:
+                    seen.append(f"{name}, over {n} numbers at once")
+            elif name in _PRODUCTS and isinstance(first, Tensor) and first.dim() > 0:
+                if first.shape[-1] > block_size:
+                    seen.append(f"a matrix product ({name}) summing {first.shape[-1]} numbers")
+            return func(*args, **kwargs)
+
+    with Watch():
+        _call(fn, scores, block_size)
+    if seen:
+        raise NotYet(f"with block_size={block_size} and {scores.shape[-1]} columns your function "
+                     f"calls {seen[0]}: read the scores block_size columns at a time, keeping a "
+                     f"running maximum and sum, as in step 1")
+
+
+@_checker
+def check_online_softmax(fn: object) -> str:
+    """Chapter 9, build-it exercise: ``fn(scores, block_size)`` is ``torch.softmax(scores,
+    dim=-1)`` for ``scores`` (..., S), computed by visiting ``block_size`` columns at a time with a
+    running maximum and a running sum. Checked with the maximum in the first block, then in a
+    later one, and with scores around 1000, where a plain exp overflows; then that it never
+    calls a softmax nor reduces more than ``block_size`` columns at once."""
+    g = torch.Generator().manual_seed(90)
+    first = torch.randn(4, 10, generator=g) * 2
+    first[:, 0] = first.amax(dim=-1) + 1  # the maximum in the first block: it never changes
+    for block_size in (3, 1, 10, 16):
+        _online_softmax_case(fn, first, block_size, "the maximum in the first column")
+    last = torch.randn(2, 3, 10, generator=g) * 2
+    last[..., -1] = last.amax(dim=-1) + 2  # the maximum in the last block
+    for block_size in (3, 1, 4):
+        _online_softmax_case(fn, last, block_size, "the maximum in the last column", later_max=True)
+    rising = torch.arange(7.0).expand(3, 7) + torch.randn(3, 7, generator=g) * 0.1
+    _online_softmax_case(fn, rising, 2, "a maximum that grows in every block", later_max=True)
+    large = 1000 + torch.randn(2, 3, 11, generator=g) * 3
+    for block_size in (3, 11, 1, 32):
+        _online_softmax_case(fn, large, block_size, "scores around 1000")
+    _whole_row_reads(fn, rising, 2)  # right numbers; now, block by block?
+    return ("one pass for the running maximum m and sum l (l rescaled by exp(m - m') whenever the "
+            "maximum grows), then exp(s - m) / l: torch.softmax, without overflow, block by block")

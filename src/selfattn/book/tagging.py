@@ -1,0 +1,459 @@
+"""Chapter 1, sequence labeling: the tagging tasks, the taggers, and what each can see.
+
+The tagging task makes "context at a distance" measurable. Every sequence holds one
+ambiguous word (think of the two "saw"s of "I saw a saw") whose tag is fixed by a single cue word
+``distance`` positions to its left: after cue ``c`` the ambiguous word takes sense ``c`` (after a
+determiner "saw" is a noun, after a pronoun a verb; the task has ``n_cues`` such senses). Every
+other word's tag is fixed by the word alone. A tagger that cannot see ``distance`` tokens back can
+do no better than chance, ``1 / n_cues``, on the ambiguous word.
+
+Token ids: ``0`` is the ambiguous word, ``1..n_cues`` the cues, the rest fillers.
+Tag ids: ``0..n_cues-1`` the ambiguous word's senses, ``n_cues..2*n_cues-1`` the cues' own tags,
+then ``n_filler_tags`` tags for the fillers (filler ``w`` gets ``2*n_cues + w % n_filler_tags``).
+
+The taggers map token ids (B, T) to tag logits (B, T, n_tags): a windowed fully-connected layer,
+a stack of 1-D convolutions, a bidirectional GRU, an average over the whole sequence (attention
+with equal weights, the control) or over the tokens up to each one (a fixed causal average, the
+second control), and one layer of self-attention with positional encoding (:class:`AttentionTagger`,
+which chapters 3 to 7 train too). Then what each can see (:func:`influence`,
+:func:`gradient_by_distance`, :func:`cue_report`), and the chapter's exercise checkers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checks import check_positive_int
+from ..multihead import MultiHeadAttention
+from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
+from ..scoring import ScoredSelfAttention
+from .kit.checkers import NotYet, _call, _checker
+from .kit.measure import count_parameters
+from .kit.train import Sequences
+
+AMBIGUOUS = 0
+
+
+@dataclass(frozen=True)
+class TaggingData(Sequences):
+    """A batch of the distance-cue tagging task."""
+
+    position: Tensor  # (N,) where the ambiguous word is
+    distance: Tensor  # (N,) how far to its left the cue is
+    n_cues: int
+
+    @property
+    def cue_position(self) -> Tensor:
+        """(N,) where the cue is."""
+        return self.position - self.distance
+
+    def words(self, i: int) -> list[str]:
+        """Sequence ``i`` as readable words: ``saw`` (ambiguous), ``c1``.. (cues), ``w5``.. (fillers)."""
+        return ["saw" if t == AMBIGUOUS else f"c{t}" if t <= self.n_cues else f"w{t}"
+                for t in self.tokens[i].tolist()]
+
+
+def tagging_task(
+    n: int,
+    seq_len: int = 32,
+    min_distance: int = 1,
+    max_distance: int | None = None,
+    n_cues: int = 4,
+    vocab_size: int = 32,
+    n_filler_tags: int = 4,
+    decoys: int = 0,
+    seed: int = 0,
+) -> TaggingData:
+    """Generate ``n`` sequences of the distance-cue tagging task.
+
+    The cue sits ``distance`` tokens left of the ambiguous word, ``distance`` uniform in
+    ``[min_distance, max_distance]`` (default: as far as the sequence allows); the ambiguous
+    word's position is uniform among those that leave room for the cue (and the decoys).
+    ``decoys``: that many other cue words, each a different cue from the deciding one, placed
+    *after* the ambiguous word; only the cue before it decides. A model that sees every word but
+    not where it is (a bag of words) cannot tell which cue decides. The same seed always gives the
+    same data.
+    """
+    check_positive_int(n, "n")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(n_cues, "n_cues")
+    check_positive_int(n_filler_tags, "n_filler_tags")
+    if isinstance(decoys, bool) or not isinstance(decoys, int) or decoys < 0:
+        raise ValueError(f"decoys must be a non-negative int, got {decoys!r}")
+    if decoys and n_cues < 2:
+        raise ValueError("decoys need at least two cue words (a decoy differs from the cue)")
+    longest = seq_len - 1 - decoys  # leave room for the decoys after the ambiguous word
+    max_distance = longest if max_distance is None else max_distance
+    if not 1 <= min_distance <= max_distance <= longest:
+        raise ValueError(
+            f"need 1 <= min_distance <= max_distance <= seq_len - 1 - decoys = {longest}, got "
+            f"min_distance={min_distance}, max_distance={max_distance}, seq_len={seq_len}, "
+            f"decoys={decoys}"
+        )
+    first_filler = n_cues + 1
+    if vocab_size <= first_filler:
+        raise ValueError(f"vocab_size must exceed 1 + n_cues = {first_filler}, got {vocab_size}")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(first_filler, vocab_size, (n, seq_len), generator=g)  # (N, T)
+    tags = 2 * n_cues + tokens % n_filler_tags  # (N, T)
+    distance = torch.randint(min_distance, max_distance + 1, (n,), generator=g)  # (N,)
+    # the ambiguous word sits at distance + u, u uniform in [0, seq_len - 1 - decoys - distance]
+    position = distance + (torch.rand(n, generator=g) * (seq_len - decoys - distance)).long()  # (N,)
+    cue = torch.randint(1, n_cues + 1, (n,), generator=g)  # (N,) which cue word
+    rows = torch.arange(n)
+    tokens[rows, position - distance] = cue
+    tags[rows, position - distance] = n_cues + cue - 1
+    tokens[rows, position] = AMBIGUOUS
+    tags[rows, position] = cue - 1
+    if decoys:
+        at = torch.arange(seq_len)  # a random order of the positions after the word:
+        allowed = at > position[:, None]  # (N, T)
+        order = torch.rand(n, seq_len, generator=g).masked_fill(~allowed, -1.0)
+        spots = order.topk(decoys, dim=1).indices  # (N, decoys)
+        shift = torch.randint(1, n_cues, (n, decoys), generator=g)  # never the deciding cue
+        decoy = (cue[:, None] - 1 + shift) % n_cues + 1  # (N, decoys)
+        tokens.scatter_(1, spots, decoy)
+        tags.scatter_(1, spots, n_cues + decoy - 1)
+    return TaggingData(tokens, tags, vocab_size, 2 * n_cues + n_filler_tags, position, distance,
+                       n_cues)
+
+
+class WindowTagger(nn.Module):
+    """A fully-connected layer over each token and its ``window`` neighbours on either side.
+
+    With ``window=0`` this is the per-token FC layer that gives both "saw"s the same tag. The
+    first layer has ``(2 * window + 1) * d`` inputs: parameters grow linearly with the window.
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
+                 hidden: int = 64) -> None:
+        super().__init__()
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        self.window = window
+        self.embed = nn.Embedding(vocab_size, d)
+        self.mlp = nn.Sequential(nn.Linear((2 * window + 1) * d, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, n_tags))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        B, T = tokens.shape
+        w = self.window
+        x = F.pad(self.embed(tokens), (0, 0, w, w))  # (B, T + 2w, d), zeros beyond the ends
+        windows = x.unfold(1, 2 * w + 1, 1)  # (B, T, d, 2w + 1)
+        windows = windows.transpose(2, 3).reshape(B, T, -1)  # (B, T, (2w + 1) * d)
+        return self.mlp(windows)  # (B, T, n_tags)
+
+
+class CNNTagger(nn.Module):
+    """``n_layers`` 1-D convolutions of width ``kernel``: each token sees ``n_layers * (kernel // 2)``
+    neighbours on either side (the receptive field), and no further."""
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, kernel: int = 5,
+                 n_layers: int = 2) -> None:
+        super().__init__()
+        if kernel % 2 == 0:
+            raise ValueError(f"kernel must be odd to keep the length, got {kernel}")
+        self.embed = nn.Embedding(vocab_size, d)
+        self.convs = nn.ModuleList(nn.Conv1d(d, d, kernel, padding=kernel // 2)
+                                   for _ in range(check_positive_int(n_layers, "n_layers")))
+        self.out = nn.Linear(d, n_tags)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens).transpose(1, 2)  # (B, d, T): channels first for Conv1d
+        for conv in self.convs:
+            x = F.relu(conv(x))  # (B, d, T)
+        return self.out(x.transpose(1, 2))  # (B, T, n_tags)
+
+
+class RNNTagger(nn.Module):
+    """A bidirectional GRU: information travels one step at a time, in both directions."""
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, hidden: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.rnn = nn.GRU(d, hidden, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * hidden, n_tags)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h, _ = self.rnn(self.embed(tokens))  # (B, T, 2 * hidden)
+        return self.out(h)  # (B, T, n_tags)
+
+
+class MeanPoolTagger(nn.Module):
+    """The control for attention: the same layer shape, with every attention weight equal.
+
+    Each token adds the **average** of every token's value vector (uniform weights ``1 / T``, a
+    bag of words that sees the whole sequence but neither order nor which token matters), then
+    the same residual and MLP as :class:`AttentionTagger`. What attention adds over this is
+    weights that depend on the content and the positions.
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)  # (B, T, d)
+        pooled = self.out_proj(self.v_proj(x).mean(dim=1, keepdim=True))  # (B, 1, d): uniform
+        return self.mlp(x + pooled)  # (B, T, n_tags)
+
+
+class CausalMeanTagger(MeanPoolTagger):
+    """The second control: :class:`MeanPoolTagger` with the average taken over the tokens at or
+    before each token only (weights ``1 / (t + 1)`` on tokens ``0..t``, zero after).
+
+    The same parameters as the mean-pool tagger, and no weight depends on the content: a fixed
+    rule, "average the left". Where only the words before a token decide its tag, this rule is
+    enough, so beating mean-pool there shows that a model uses *positions*, not that its weights
+    depend on the words.
+    """
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)  # (B, T, d)
+        v = self.v_proj(x)  # (B, T, d)
+        count = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)  # (T,)
+        pooled = self.out_proj(v.cumsum(dim=1) / count[:, None])  # (B, T, d): left average
+        return self.mlp(x + pooled)  # (B, T, n_tags)
+
+
+POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
+
+
+class AttentionTagger(nn.Module):
+    """Embedding + positions, one self-attention layer with a residual, then an MLP.
+
+    By default the layer is :class:`~selfattn.MultiHeadAttention` with ``n_heads`` query heads
+    and ``n_kv_heads`` key/value heads (MHA by default, GQA or MQA if given); with
+    ``scorer`` (``"dot"``, ``"scaled_dot"`` or ``"additive"``) it is one head scored that way
+    (:class:`~selfattn.scoring.ScoredSelfAttention`), so chapters can compare scorers.
+
+    ``positions`` says how the model knows where a token is (chapter 5): ``"sinusoidal"`` or
+    ``"learned"`` vectors added to the embeddings (up to ``max_len`` positions), ``"rope"``
+    (queries and keys rotated), ``"alibi"`` (a distance penalty added to the scores), or
+    ``"none"``. ``causal``: each token attends only to itself and the tokens before it.
+    ``head_dim``: each head's width (default ``d // n_heads``; chapter 6 varies it).
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 2,
+                 max_len: int = 512, scorer: str | None = None,
+                 n_kv_heads: int | None = None, positions: str = "sinusoidal",
+                 causal: bool = False, head_dim: int | None = None) -> None:
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        if scorer is not None and positions in ("rope", "alibi"):
+            raise ValueError(f"positions={positions!r} needs the multi-head layer; "
+                             f"a scorer ({scorer!r}) takes 'none', 'sinusoidal' or 'learned'")
+        self.positions, self.causal, self.max_len = positions, causal, max_len
+        self.embed = nn.Embedding(vocab_size, d)
+        if positions == "sinusoidal":
+            self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
+        elif positions == "learned":
+            self.learned = LearnedPositionalEmbedding(max_len, d)
+        if scorer is None:
+            self.attn = MultiHeadAttention(d, n_heads, n_kv_heads=n_kv_heads,
+                                           rope=positions == "rope", head_dim=head_dim)
+        else:
+            self.attn = ScoredSelfAttention(d, scorer)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, n_tags))
+
+    def forward(self, tokens: Tensor, need_weights: bool = False,
+                score_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        r"""Logits ``(B, T, n_tags)``; with ``need_weights``, also the weights ``(B, H, T, T)``.
+
+        ``score_bias``: a float tensor broadcastable to ``(B, H, T, T)`` added to the attention
+        scores before the softmax. A zero bias that requires grad measures $\partial L / \partial s$,
+        the gradient that reaches each score (:func:`selfattn.book.tagging.cue_report`).
+        """
+        T = tokens.shape[1]
+        x = self.embed(tokens)  # (B, T, d)
+        if self.positions == "sinusoidal":
+            if T > self.max_len:
+                raise ValueError(f"sequence of {T} tokens is longer than max_len={self.max_len}")
+            x = x + self.pe[:T]
+        elif self.positions == "learned":
+            x = x + self.learned(T)  # raises beyond max_len
+        bias = None
+        if self.positions == "alibi":
+            bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+        if score_bias is not None:
+            bias = score_bias if bias is None else bias + score_bias  # (B, H, T, T)
+        a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
+                               need_weights=need_weights)  # (B, T, d), (B, H, T, T)
+        logits = self.mlp(x + a)  # (B, T, n_tags)
+        return (logits, weights) if need_weights else logits
+
+
+@torch.no_grad()
+def ambiguous_correct(model: nn.Module, data: TaggingData, batch_size: int = 512) -> Tensor:
+    """Bool ``(N,)``: was the ambiguous word of each sequence tagged right?"""
+    device = next(model.parameters()).device
+    model.eval()
+    out = []
+    for start in range(0, len(data), batch_size):
+        tokens = data.tokens[start : start + batch_size].to(device)
+        pred = model(tokens).argmax(-1).cpu()  # (b, T)
+        rows = torch.arange(pred.shape[0])
+        pos = data.position[start : start + batch_size]
+        out.append(pred[rows, pos] == data.tags[start : start + batch_size][rows, pos])
+    return torch.cat(out)
+
+
+def accuracy_by_distance(model: nn.Module, data: TaggingData) -> dict[int, float]:
+    """Accuracy on the ambiguous word, for each cue distance present in ``data``."""
+    correct = ambiguous_correct(model, data).float()
+    return {int(k): correct[data.distance == k].mean().item() for k in data.distance.unique()}
+
+
+def influence(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
+    """Bool ``(T,)``: which input positions of ``x`` (B, T, d) change output position ``t``.
+
+    Measured with autograd: position ``j`` counts when the gradient of output ``t`` with respect
+    to input ``j`` is not zero. This is a layer's receptive field, seen from position ``t``.
+    """
+    x = x.detach().requires_grad_(True)
+    out = layer(x)  # (B, T, d_out)
+    (grad,) = torch.autograd.grad(out[:, t].sum(), x)
+    return grad.abs().sum(dim=(0, 2)) > 0  # (T,)
+
+
+def gradient_by_distance(layer: Callable[[Tensor], Tensor], x: Tensor, t: int) -> Tensor:
+    r"""``(T,)``: how strongly output position ``t`` depends on each input position ``s`` of
+    ``x`` (B, T, d): the norm $\lVert \partial y_t / \partial x_s \rVert$ of the Jacobian block
+    (the ``d_out x d`` matrix of every output number at ``t`` against every input number at
+    ``s``, over the batch), measured with autograd, one backward pass per output number.
+
+    :func:`influence` says whether this is zero; this says how big it is, so it shows a
+    gradient that fades with distance (a recurrent layer) or stays (attention).
+    """
+    x = x.detach().requires_grad_(True)
+    out = layer(x)[:, t]  # (B, d_out)
+    total = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)  # (T,)
+    for i in range(out.shape[-1]):
+        (grad,) = torch.autograd.grad(out[:, i].sum(), x, retain_graph=True)  # (B, T, d)
+        total += grad.pow(2).sum(dim=(0, 2))
+    return total.sqrt()
+
+
+@dataclass
+class CueReport:
+    """What one attention tagger does with each cue of the distance-cue task, per cue ``c1..``:
+    how much weight the ambiguous word gives it, how often it wins that row, how often the word
+    is tagged right, and the gradient that reaches its attention score."""
+
+    weight: Tensor  # (n_cues,): mean weight on the cue, the head that gives it the most
+    wins: Tensor  # (n_cues,): share of sentences where the cue gets the row's largest weight
+    accuracy: Tensor  # (n_cues,): share of sentences whose ambiguous word is tagged right
+    score_grad: Tensor  # (n_cues,): mean |dL/ds| at the cue's score, the largest over heads
+    loss: Tensor  # (n_cues,): mean cross-entropy on the ambiguous word (nats)
+    decoy_weight: float  # mean weight on the decoys after the word (the head that gives most)
+
+
+def cue_report(model: torch.nn.Module, task: object) -> CueReport:
+    r"""Break one attention tagger's behaviour on a :func:`~selfattn.book.tagging.tagging_task`
+    down by the cue of each sentence (the tagger returns its weights with ``need_weights``).
+
+    The score gradient is measured with autograd, through a zero ``score_bias`` added to the
+    scores, for the training loss summed over the test sentences. The softmax's Jacobian says
+    what to expect: with $a = \mathrm{softmax}(s)$ and $g_j = \partial L / \partial a_j$,
+    $\partial L / \partial s_j = a_j (g_j - \bar g)$, $\bar g = \sum_k a_k g_k$, so a key with
+    $a_j \approx 0$ gets almost no gradient, whatever $g_j$ is: a cue the model ignores stays
+    ignored.
+    """
+    import torch.nn.functional as F
+
+    tokens, tags = task.tokens, task.tags  # type: ignore[attr-defined]
+    position, cue_at = task.position, task.cue_position  # type: ignore[attr-defined]
+    n_cues = task.n_cues  # type: ignore[attr-defined]
+    device = next(model.parameters()).device
+    model.eval()
+    N, T = tokens.shape
+    H = model.attn.config.n_heads  # type: ignore[union-attr]
+    bias = torch.zeros(N, H, T, T, device=device, requires_grad=True)  # (N, H, T, T)
+    logits, w = model(tokens.to(device), need_weights=True, score_bias=bias)
+    loss = F.cross_entropy(logits.flatten(0, 1), tags.to(device).flatten(), reduction="sum")
+    (ds,) = torch.autograd.grad(loss, bias)  # (N, H, T, T): dL/ds
+    rows = torch.arange(N)
+    a = w.detach()[rows, :, position].cpu()  # (N, H, T): the ambiguous word's rows
+    on_cue = a[rows, :, cue_at]  # (N, H)
+    grad_cue = ds[rows, :, position].cpu()[rows, :, cue_at].abs()  # (N, H)
+    won = a.mean(1).argmax(-1) == cue_at  # (N,)
+    right = logits.detach().argmax(-1).cpu()[rows, position] == tags[rows, position]  # (N,)
+    cue = tokens[rows, cue_at]  # (N,): 1..n_cues
+    word_loss = F.cross_entropy(logits.detach()[rows, position].cpu(), tags[rows, position],
+                                reduction="none")  # (N,)
+    after = torch.arange(T) > position[:, None]  # (N, T): the words after the ambiguous one
+    decoys = after & (tokens >= 1) & (tokens <= n_cues)  # (N, T)
+    per_head = (a * decoys[:, None]).sum(-1).sum(0) / decoys.sum().clamp(min=1)  # (H,)
+    out = {k: torch.zeros(n_cues) for k in ("weight", "wins", "accuracy", "score_grad", "loss")}
+    for c in range(1, n_cues + 1):
+        mine = cue == c
+        out["weight"][c - 1] = on_cue[mine].mean(0).max()
+        out["wins"][c - 1] = won[mine].float().mean()
+        out["accuracy"][c - 1] = right[mine].float().mean()
+        out["score_grad"][c - 1] = grad_cue[mine].mean(0).max()
+        out["loss"][c - 1] = word_loss[mine].mean()
+    return CueReport(**out, decoy_weight=per_head.max().item())
+
+
+def default_sense(model: torch.nn.Module, task: object, filler: int | None = None) -> Tensor:
+    """The sense a tagger gives the ambiguous word of a
+    :func:`~selfattn.book.tagging.tagging_task` when its cue is gone: the cue of every sentence is
+    replaced by a filler word (``filler``, default the first one, ``n_cues + 1``) and the share
+    of sentences in which the word gets each sense is returned, ``(n_cues,)``. A tagger that
+    tells one cue by elimination ("none of the others") gives that cue's sense here; any
+    classifier falls back to some default when its evidence is removed, so read it against the
+    cue the tagger ignores."""
+    tokens, position = task.tokens.clone(), task.position  # type: ignore[attr-defined]
+    cue_at, n_cues = task.cue_position, task.n_cues  # type: ignore[attr-defined]
+    rows = torch.arange(len(tokens))
+    tokens[rows, cue_at] = n_cues + 1 if filler is None else filler  # (N, T): no cue left
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        guess = model(tokens.to(device)).argmax(-1).cpu()[rows, position]  # (N,)
+    return torch.stack([(guess == c).float().mean() for c in range(n_cues)])
+
+
+@_checker
+def check_window_parameters(fn: object) -> str:
+    """Chapter 1, exercise 1: ``fn(window, d, hidden, n_tags, vocab_size)`` counts the parameters
+    of a :class:`~selfattn.book.tagging.WindowTagger`."""
+    for window, d, hidden, n_tags, vocab in [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)]:
+        got = _call(fn, window, d, hidden, n_tags, vocab)
+        want = count_parameters(WindowTagger(vocab, n_tags, d=d, window=window, hidden=hidden))
+        if got != want:
+            raise NotYet(f"for window={window}, d={d}, hidden={hidden}, n_tags={n_tags}, "
+                         f"vocab_size={vocab}: you say {got!r}, the model has {want}")
+    return "embedding + first layer ((2w+1)*d*hidden + hidden) + output layer"
+
+
+@_checker
+def check_cnn_reach(fn: object) -> str:
+    """Chapter 1, exercise 2: ``fn(n_layers, kernel)`` is how many positions to each side a
+    :class:`~selfattn.book.tagging.CNNTagger` sees, checked against the measured receptive field."""
+    torch.manual_seed(0)
+    for n_layers, kernel in [(1, 3), (2, 5), (3, 3), (4, 7)]:
+        got = _call(fn, n_layers, kernel)
+        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
+        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
+
+        def layers(h, model=model):  # the convolutions alone: a ReLU never widens the reach
+            h = h.transpose(1, 2)  # (B, d, T)
+            for conv in model.convs:
+                h = conv(h)
+            return h.transpose(1, 2)
+
+        want = int(influence(layers, x, t=30).sum().item() - 1) // 2
+        if got != want:
+            raise NotYet(f"{n_layers} layers of width {kernel}: you say {got!r}, the measured "
+                         f"reach is {want} on each side")
+    return "each layer adds kernel // 2 positions on each side"
