@@ -77,35 +77,11 @@ book: executed
 browser:
 	@$(PYTHON) tools/find_browser.py --install > /dev/null
 
-# Every chapter runs in the book build (ipywidgets 8, static explorers), its asserts included:
-# two at a time, one thread each (small tensors gain little from a second thread), beside the
-# unit tests. The chapters with a live explorer then run a second time, under nbval in
-# .venv/colab, on the widget versions Colab has (ipywidgets 7.7.1, live explorers driven by
-# tests/colab_harness.py; see tools/colab_env.py), while jupyter-book renders the pages: the
-# widgets are all that environment changes, so that run loads what the first one trained
-# (SELFATTN_TRAIN_CACHE, see selfattn.book.train; cleared at the start) instead of training it
-# again. The browser tests of the pages' own scripts follow the rendering; the tests that read
-# the harness's report run last.
-# (a code line that starts with `explorer(`; \x28 is the bracket, which make would read)
-EXPLORER_CHAPTERS = $(shell grep -lP '^ *"explorer\x28' chapters/*.ipynb)
-TRAIN_CACHE := $(CURDIR)/_build/.train-cache
-# the built book's tests that need nothing from the Colab run: they run as soon as it is built
-PAGE_SCRIPT_TESTS = tests/test_live_browser.py tests/test_selfcheck_browser.py
+# Every test, its phases side by side (tools/test_all.sh says which and why): the unit tests
+# beside every chapter executed for the book, then the rendering beside the explorer chapters on
+# Colab's widgets, then the tests that read the built book.
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
-	@rm -rf $(TRAIN_CACHE); log=$$(mktemp); \
-	(OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) $(MAKE) --no-print-directory executed \
-		> $$log 2>&1) & executed=$$!; \
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not built_book" tests; unit=$$?; \
-	wait $$executed; ran=$$?; cat $$log; \
-	if [ $$ran -ne 0 ]; then echo "a chapter failed (exit $$ran)"; exit $$ran; fi; \
-	(OMP_NUM_THREADS=1 $(MAKE) --no-print-directory book > $$log 2>&1 && \
-		$(PY) -m pytest $(PAGE_SCRIPT_TESTS) >> $$log 2>&1) & book=$$!; \
-	OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE=$(TRAIN_CACHE) \
-		$(PY) tools/colab_env.py pytest --nbval-lax $(EXPLORER_CHAPTERS); chapters=$$?; \
-	wait $$book; built=$$?; cat $$log; rm -f $$log; \
-	if [ $$built -ne 0 ]; then echo "make book or its page-script tests failed"; exit $$built; fi; \
-	$(PY) -m pytest -m built_book $(PAGE_SCRIPT_TESTS:%=--ignore=%) tests; late=$$?; \
-	[ $$unit -eq 0 ] && [ $$chapters -eq 0 ] && [ $$late -eq 0 ]
+	MAKE="$(MAKE)" tools/test_all.sh
 
 # ruff over everything; mypy over the attention library (selfattn, not selfattn.book: see
 # [tool.mypy] in pyproject.toml). Both take seconds; make test starts with them.
