@@ -66,7 +66,7 @@ executed: $(STAMP) $(VENDOR) $(CJK_FONT) $(MINILM)
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
 		rm -rf _build; mkdir -p _build; echo "$$hash" > _build/.src-hash; \
 	fi; \
-	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2 $(if $(RECORD),--record $(RECORD))
 
 book: executed
 	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going .

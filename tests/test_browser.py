@@ -5,7 +5,7 @@ For every page of the book, in a 1280 px wide window: no JavaScript errors, no r
 the book's own font (the machines that run this have no CJK font), no raw LaTeX outside the math,
 no code or printed line wider than its block, no display equation wider than its column (and, in a
 390 px phone window, none clipped: a wide one scrolls inside its own box), and no figure whose
-smallest text is under 9 px as displayed (from the sizes tests/colab_harness.py recorded while the
+smallest text is under 9 px as displayed (from the sizes tests/harness.py recorded while the
 chapters ran). For the static explorers: moving a slider changes the heatmap on screen, and at
 least eight of the chapters have an explorer that renders a picture. Every schematic diagram
 has its alt text and is screenshotted in the dark theme too. Screenshots go to _build/screenshots/
@@ -254,8 +254,8 @@ MIN_TEXT_PX = 9.0
 def figures_too_small(page, name):
     """Figures whose smallest text, as displayed here, is under MIN_TEXT_PX. A PNG wider than the
     output column is scaled down to it (checked on the page's images); the text sizes and widths
-    of every figure a chapter draws were recorded by tests/colab_harness.py in make test's nbval
-    pass, explorer pictures included."""
+    of every figure a chapter draws were recorded by tests/harness.py in make test's book
+    build, explorer pictures included."""
     if not name.startswith("chapters/"):
         return []
     column, images = page.evaluate("""() => {
@@ -268,7 +268,7 @@ def figures_too_small(page, name):
                 for natural, shown in images if abs(shown - min(natural, column)) > 2]
     sources = {"".join(c["source"]) for c in json.loads((ROOT / f"{name}.ipynb").read_text())["cells"]
                if c["cell_type"] == "code"}
-    for record in harness_records():
+    for record in harness_records(name.removeprefix("chapters/")):
         if record["cell"] not in sources:
             continue
         for figure in record["figures"]:
@@ -283,10 +283,10 @@ def figures_too_small(page, name):
 
 
 @functools.cache
-def harness_records():
+def harness_records(chapter):
     from test_colab import harness_report
 
-    return harness_report()
+    return harness_report(chapter)
 
 
 SLIDERS_MOVED: list[str] = []

@@ -1,9 +1,15 @@
 """A Colab reader's path: pip keeps Colab's packages, and the explorers work on its ipywidgets 7.
 
 Colab's front end renders ipywidgets 7 only and Colab ships 7.7.1; a setup cell that upgraded it
-to 8 would make the sliders, text boxes and progress bars vanish there. `make test` runs every
-chapter under nbval in .venv/colab (tools/colab_env.py), where ipywidgets is Colab's 7.7.1, with
-tests/colab_harness.py driving each live explorer; the last test here reads what it recorded.
+to 8 would make the sliders, text boxes and progress bars vanish there. Two halves:
+
+* the explorer's widgets on Colab's versions: in .venv/colab (tools/colab_env.py, ipywidgets
+  7.7.1), an explorer with every kind of control a chapter gives one (a slider, a dropdown, a
+  sentence) is driven as a reader's kernel would drive it (tests/harness.py's ``drive``);
+* each chapter's own explorers, live: `make test` runs every chapter for the book with
+  tests/harness.py in its kernel, which builds each explorer live from the chapter's own function
+  and drives it; the last test here reads what it recorded. The explorers' code is the same on
+  both versions of ipywidgets, so the two halves together cover a chapter's explorer on Colab.
 """
 
 import ast
@@ -44,11 +50,14 @@ def test_every_requirement_admits_the_version_colab_has(req):
 
 @pytest.fixture(scope="module")
 def colab_python():
+    """.venv/colab's python (made the first time: a pip install of three packages). Every test
+    that takes it is ``slow``."""
     if not (colab_env.BASE / "bin" / "python").exists():
         pytest.skip("needs make's .venv (the Colab overlay is built over it): run make unit or make test")
     return str(colab_env.create())
 
 
+@pytest.mark.slow
 def test_the_colab_environment_has_colabs_widgets(colab_python):
     out = subprocess.run([colab_python, "-c", "import ipywidgets, widgetsnbextension; "
                           "print(ipywidgets.__version__, widgetsnbextension.__version__)"],
@@ -71,6 +80,7 @@ def setup_cell_pip_flags():
     return list(flags.pop())
 
 
+@pytest.mark.slow
 def test_installing_the_package_adds_nothing_but_selfattn(colab_python, tmp_path):
     """The setup cell's install, as it runs on Colab (--no-deps: Colab has every dependency,
     test_every_requirement_admits_the_version_colab_has checks that), adds only this package:
@@ -86,6 +96,7 @@ def test_installing_the_package_adds_nothing_but_selfattn(colab_python, tmp_path
     assert would_install == {"selfattn"}
 
 
+@pytest.mark.slow
 def test_a_static_explorer_on_ipywidgets_7_says_what_it_needs(colab_python):
     code = ("import selfattn.book.kit.viz as v\n"
             "try:\n"
@@ -96,40 +107,86 @@ def test_a_static_explorer_on_ipywidgets_7_says_what_it_needs(colab_python):
     assert "ipywidgets>=8" in out.stdout and "7.7.1" in out.stdout
 
 
+SYNTHETIC = """
+import sys
+sys.path.insert(0, {tests!r})
+import json
+import numpy
+from harness import drive
+from selfattn.book.kit import viz
+
+def compute(sentence, temperature, mask):
+    words = sentence.split()
+    if "xyzzy" in words:
+        raise viz.InputError("unknown word 'xyzzy'")
+    n = len(words)
+    weights = [[(i + j * temperature) % 3 + (mask == "causal" and j > i) for j in range(n)]
+               for i in range(n)]
+    title = f"{{sentence}} at {{temperature}}, {{mask}}"
+    return viz.View(numpy.array(weights, dtype=float), words, title=title)
+
+box = viz.explorer(compute, {{"temperature": [0.5, 1.0, 2.0], "mask": ["none", "causal"]}},
+                   sentences=["the cat sat", "a dog ran far"], static=False)
+print(json.dumps(drive(box)))
+"""
+
+
+@pytest.mark.slow
+def test_an_explorer_works_on_colabs_ipywidgets(colab_python):
+    """Every control of a live explorer changes the picture on ipywidgets 7.7.1, a bad sentence
+    shows a message instead, and the widgets are ipywidgets 7's models."""
+    code = SYNTHETIC.format(tests=str(ROOT / "tests"))
+    out = subprocess.run([colab_python, "-c", code], capture_output=True, text=True, check=True)
+    driven = json.loads(out.stdout.strip().splitlines()[-1])
+    assert driven["ipywidgets"] == colab_env.COLAB_OVERLAY["ipywidgets"]
+    check_driven(driven, "the synthetic explorer")
+    assert all("@1.5.0:" in m or "@1.2.0:" in m for m in driven["models"]), driven["models"]
+    assert [c["values"] for c in driven["controls"]] == [3, 2] and driven["bad_sentences"]
+
+
+def check_driven(driven, where):
+    """What a driven explorer must show: each control's every value a new picture, and a message
+    for a bad sentence, with the picture back after a good one."""
+    assert "error" not in driven, driven.get("error")
+    assert driven["controls"], f"{where}: an explorer without controls"
+    for control in driven["controls"]:
+        assert control["changes"] == control["values"] - 1, (
+            f"{where}: moving {control['name']!r} through its {control['values']} values "
+            f"changed the picture only {control['changes']} times")
+        assert control["back_to_first"]
+    for bad in driven["bad_sentences"]:
+        assert bad["picture_hidden"] and "&#9888;" in bad["message"], (
+            f"{where}: typing {bad['typed']!r} showed no message")
+    if driven["bad_sentences"]:
+        assert driven["restored"], f"{where}: a good sentence did not bring the picture back"
+
+
 def explorer_cells(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
             and re.search(r"^explorer\(", "".join(c["source"]), re.M)]
 
 
-def harness_report():
-    if not colab_env.REPORT.exists():
-        pytest.fail("no harness report: make test runs the chapters in .venv/colab first "
-                    "(`.venv/bin/python tools/colab_env.py pytest --nbval-lax chapters`)")
-    return [json.loads(line) for line in colab_env.REPORT.read_text().splitlines()]
+REPORTS = ROOT / "_build" / "harness"  # make test's book build writes one report per chapter
 
 
-@pytest.mark.built_book  # runs after the chapters' nbval pass, which writes the report
+def harness_report(chapter=None):
+    """The records tests/harness.py wrote while the book build ran the chapters (all of them, or
+    one chapter's)."""
+    files = [REPORTS / f"{chapter}.jsonl"] if chapter else sorted(REPORTS.glob("*.jsonl"))
+    missing = [f.name for f in files if not f.exists()]
+    if not files or missing:
+        pytest.fail(f"no harness report {missing or ''}: make test's book build writes them "
+                    "(`make executed RECORD=_build/harness`)")
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+@pytest.mark.built_book  # runs after the book build, which writes the reports
 @pytest.mark.parametrize("path", [p for p in CHAPTERS if explorer_cells(p)], ids=lambda p: p.stem)
-def test_every_live_explorer_works_on_colabs_ipywidgets(path):
-    records = {r["cell"]: r for r in harness_report()}
+def test_every_explorer_of_a_chapter_works_live(path):
+    records = {r["cell"]: r for r in harness_report(path.stem)}
     for source in explorer_cells(path):
-        assert source in records, f"{path.stem}: this explorer cell did not run on Colab's widgets"
+        assert source in records, f"{path.stem}: this explorer cell did not run in the book build"
         record = records[source]
-        assert record["ipywidgets"] == colab_env.COLAB_OVERLAY["ipywidgets"]
         assert len(record["explorers"]) == 1, f"{path.stem}: the cell showed no explorer"
-        driven = record["explorers"][0]
-        assert "error" not in driven, driven.get("error")
-        # models at ipywidgets 7's versions only: controls 1.5.0, base 1.2.0
-        assert all("@1.5.0:" in m or "@1.2.0:" in m for m in driven["models"]), driven["models"]
-        assert driven["controls"], f"{path.stem}: an explorer without controls"
-        for control in driven["controls"]:
-            assert control["changes"] == control["values"] - 1, (
-                f"{path.stem}: moving {control['name']!r} through its {control['values']} values "
-                f"changed the picture only {control['changes']} times")
-            assert control["back_to_first"]
-        for bad in driven["bad_sentences"]:
-            assert bad["picture_hidden"] and "&#9888;" in bad["message"], (
-                f"{path.stem}: typing {bad['typed']!r} showed no message")
-        if driven["bad_sentences"]:
-            assert driven["restored"], f"{path.stem}: a good sentence did not bring the picture back"
+        check_driven(record["explorers"][0], path.stem)

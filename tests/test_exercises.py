@@ -367,6 +367,7 @@ def test_every_check_is_a_topics_check_and_documented():
     assert issubclass(selfattn.book.kit.checkers.NotYet, Exception)
 
 
+@pytest.mark.slow
 def test_importing_selfattn_does_not_import_the_books_apparatus():
     code = ("import selfattn, sys; "
             "print(sorted(m for m in sys.modules if m.startswith(('selfattn.book', 'matplotlib'))))")

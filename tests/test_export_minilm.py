@@ -15,6 +15,8 @@ import torch
 
 from selfattn.book import pretrained
 
+pytestmark = pytest.mark.slow  # the export takes seconds (tools/export_minilm.py)
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

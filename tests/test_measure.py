@@ -178,6 +178,7 @@ def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
 
 
 @on_linux
+@pytest.mark.slow
 def test_fresh_process_peak_memory_counts_the_call_not_the_setup():
     setup = "x = torch.ones(2**24)"  # 64 MiB, made before the call: not counted
     made = measure.fresh_process_peak_memory("torch.ones(2**24) + 1", setup)

@@ -241,6 +241,7 @@ def test_position_ids_default_to_0_to_T_and_can_be_given(ours):
         ours.model(ids, mask, position_ids=torch.arange(510, 510 + T))
 
 
+@pytest.mark.slow
 def test_ablation_by_depth_and_the_code_path_floor(ours):
     own, end = pretrained.head_ablation_by_depth(ours, SENTENCES)
     assert own.shape == end.shape == (6, 12) and (own > 0).all() and (end > 0).all()

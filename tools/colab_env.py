@@ -1,7 +1,6 @@
-"""Run the chapters on the widget versions Colab has: a throwaway environment over .venv.
+"""The widget versions Colab has, in a throwaway environment over .venv.
 
     .venv/bin/python tools/colab_env.py create          make it (if needed); print its python
-    .venv/bin/python tools/colab_env.py pytest ARGS...  run pytest there, with the harness on
 
 Colab's front end renders ipywidgets 7 only, and Colab ships ipywidgets 7.7.1 (unchanged since
 2022). The environment made here, ``.venv/colab``, holds exactly the packages of ``COLAB_OVERLAY``
@@ -9,15 +8,12 @@ at Colab's versions and sees everything else through ``.venv`` (a ``.pth`` file 
 site-packages *after* its own), so Colab's ipywidgets shadows the 8.x that the static book needs.
 It costs a few seconds, not a second PyTorch.
 
-``pytest`` runs there with ``IPYTHONDIR`` pointing at a folder whose startup file is
-``tests/colab_harness.py``: every kernel nbval starts drives the chapter's live explorers and
-records the figures it draws, into ``REPORT`` (JSON lines), which tests/test_colab.py and
-tests/test_browser.py read afterwards.
+tests/test_colab.py uses it: pip's install there adds nothing but the package, and an explorer
+built there is driven the way a reader's kernel on Colab would (tests/harness.py's ``drive``).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import subprocess
@@ -29,9 +25,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BASE = ROOT / ".venv"
 HOME = BASE / "colab"
 PYTHON = HOME / "bin" / "python"
-IPYTHONDIR = HOME / "ipython"
-REPORT = HOME / "report.jsonl"
-HARNESS = ROOT / "tests" / "colab_harness.py"
 
 # What Colab has, from googlecolab/backend-info (pip-freeze.gpu.txt at a724079, 2026-08-19):
 # every package the book's library asks for, at Colab's version. tests/test_colab.py checks that
@@ -79,26 +72,13 @@ def create() -> pathlib.Path:
     pins = [f"{name}=={version}" for name, version in COLAB_OVERLAY.items()]
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--no-deps",
                     "--disable-pip-version-check", *pins], check=True)
-    startup = IPYTHONDIR / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    (startup / "00_selfattn_harness.py").symlink_to(HARNESS)
     stamp.touch()
     return PYTHON
-
-
-def pytest(args: list[str]) -> int:
-    """pytest in .venv/colab with the harness recording into a fresh REPORT."""
-    python = create()
-    REPORT.unlink(missing_ok=True)
-    env = {**os.environ, "IPYTHONDIR": str(IPYTHONDIR), "SELFATTN_HARNESS_REPORT": str(REPORT)}
-    return subprocess.run([str(python), "-m", "pytest", *args], env=env, cwd=ROOT).returncode
 
 
 if __name__ == "__main__":
     command, *rest = sys.argv[1:] or ["create"]
     if command == "create":
         print(create())
-    elif command == "pytest":
-        sys.exit(pytest(rest))
     else:
-        sys.exit(f"unknown command {command!r}: use create or pytest")
+        sys.exit(f"unknown command {command!r}: use create")

@@ -1,81 +1,84 @@
 #!/usr/bin/env bash
-# make test: every test of the book, its phases side by side on a 2-core machine.
+# make test: every test of the book, in three phases, each keeping both cores of a 2-core
+# machine busy:
 #
-#   1. the unit tests (pytest -m "not built_book") beside every chapter executed for the book
-#      (tools/execute_book.py, two at a time, asserts included);
-#   2. the page rendering (jupyter-book, warnings are errors) and then the browser tests of the
-#      pages' own scripts, beside the chapters with a live explorer run again under nbval on
-#      Colab's widget versions (tools/colab_env.py), loading what phase 1 trained
-#      (SELFATTN_TRAIN_CACHE, see selfattn.book.kit.train);
-#   3. the tests that read the built book.
+#   1. the fast tests (pytest -m "not slow and not built_book", what make unit runs) beside
+#      every chapter executed for the book (tools/execute_book.py, two at a time, asserts
+#      included), with tests/harness.py in each chapter's kernel recording every figure's text
+#      size and driving every explorer live (into _build/harness/);
+#   2. the slow tests (pytest -m "slow and not built_book") beside the page rendering
+#      (jupyter-book, warnings are errors);
+#   3. the tests that read the built book (pytest -m built_book), the browser tests among them.
 #
 # The Makefile calls it after lint, the browser check and the set-up (.venv, _vendor, the font).
-# Every phase runs to its end; the script fails if any of them failed.
+# A phase runs to its end even when one of its halves failed; a failed chapter or a failed
+# rendering stops the script there, since nothing after it could pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
 MAKE=${MAKE:-make}
-TRAIN_CACHE="$PWD/_build/.train-cache"
-# the built book's tests that need nothing from the Colab run: they run as soon as it is built
-PAGE_SCRIPT_TESTS=(tests/test_live_browser.py tests/test_selfcheck_browser.py)
+export OMP_NUM_THREADS=1
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 
-# The chapters with a live explorer: a code line that starts with `explorer(`.
-explorer_chapters() {
-    grep -lP '^ *"explorer\(' chapters/*.ipynb
+# Run "$@" in the background with its output in $LOG; the caller waits for $!.
+in_background() {
+    ("$@" > "$LOG" 2>&1) &
 }
 
-# Phase 1: the unit tests, and beside them every chapter executed for the book.
-unit_and_chapters() {
-    local unit=0 ran=0 executed
-    rm -rf "$TRAIN_CACHE"
-    (OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE="$TRAIN_CACHE" "$MAKE" --no-print-directory executed \
-        > "$LOG" 2>&1) &
-    executed=$!
-    OMP_NUM_THREADS=1 "$PY" -m pytest -m "not built_book" tests || unit=$?
-    wait "$executed" || ran=$?
+# Wait for the background job $1, print its output; its exit status is the function's.
+finish() {
+    local status=0
+    wait "$1" || status=$?
     cat "$LOG"
-    if [ "$ran" -ne 0 ]; then
-        echo "a chapter failed (exit $ran)"
-        exit "$ran"
+    return "$status"
+}
+
+phase() {
+    printf '\n== make test, phase %s (%s s so far) ==\n' "$1" "$SECONDS"
+}
+
+fast_tests_and_chapters() {
+    local tests=0 chapters=0 job
+    phase "1: the fast tests, beside every chapter executed for the book"
+    in_background "$MAKE" --no-print-directory executed RECORD=_build/harness
+    job=$!
+    "$PY" -m pytest -m "not slow and not built_book" tests || tests=$?
+    finish "$job" || chapters=$?
+    if [ "$chapters" -ne 0 ]; then
+        echo "a chapter failed (exit $chapters)"
+        exit "$chapters"
     fi
-    return "$unit"
+    return "$tests"
 }
 
-# Phase 2: the page rendering and the page scripts' browser tests, beside the explorer chapters
-# on Colab's widget versions.
-render_and_colab() {
-    local chapters=0 built=0 book
-    (OMP_NUM_THREADS=1 "$MAKE" --no-print-directory book > "$LOG" 2>&1 &&
-        "$PY" -m pytest "${PAGE_SCRIPT_TESTS[@]}" >> "$LOG" 2>&1) &
-    book=$!
-    mapfile -t explorers < <(explorer_chapters)
-    OMP_NUM_THREADS=1 SELFATTN_TRAIN_CACHE="$TRAIN_CACHE" \
-        "$PY" tools/colab_env.py pytest --nbval-lax "${explorers[@]}" || chapters=$?
-    wait "$book" || built=$?
-    cat "$LOG"
+slow_tests_and_rendering() {
+    local tests=0 built=0 job
+    phase "2: the slow tests, beside the page rendering"
+    in_background "$MAKE" --no-print-directory book
+    job=$!
+    "$PY" -m pytest -m "slow and not built_book" tests || tests=$?
+    finish "$job" || built=$?
     if [ "$built" -ne 0 ]; then
-        echo "make book or its page-script tests failed"
+        echo "make book failed (exit $built)"
         exit "$built"
     fi
-    return "$chapters"
+    return "$tests"
 }
 
-# Phase 3: the tests that read the built book.
-built_book() {
-    local ignore=()
-    for t in "${PAGE_SCRIPT_TESTS[@]}"; do ignore+=("--ignore=$t"); done
-    "$PY" -m pytest -m built_book "${ignore[@]}" tests
+built_book_tests() {
+    phase "3: the tests that read the built book"
+    "$PY" -m pytest -m built_book tests
 }
 
 main() {
-    local unit=0 chapters=0 late=0
-    unit_and_chapters || unit=$?
-    render_and_colab || chapters=$?
-    built_book || late=$?
-    [ "$unit" -eq 0 ] && [ "$chapters" -eq 0 ] && [ "$late" -eq 0 ]
+    local fast=0 slow=0 built=0
+    fast_tests_and_chapters || fast=$?
+    slow_tests_and_rendering || slow=$?
+    built_book_tests || built=$?
+    phase "done"
+    [ "$fast" -eq 0 ] && [ "$slow" -eq 0 ] && [ "$built" -eq 0 ]
 }
 
 main "$@"

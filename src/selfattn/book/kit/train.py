@@ -10,21 +10,12 @@ the seeds come from one place, :func:`seed_range` (initial weights and batches) 
 shifts every seed both give by ``N``, so ``make robust`` re-runs every chapter that trains on a
 range nobody chose; every assert must hold there too. :func:`k_of_n` prints a count over seeds,
 :func:`seed_table`, :func:`seed_rows` and :func:`seed_frame` every seed's value.
-
-For the test suite only: with ``SELFATTN_TRAIN_CACHE=DIR`` set, :func:`train_seeds` keeps what it
-trained in DIR, keyed by everything the result depends on (the library's source, the initial
-weights, the data, the seeds and the settings), and a later identical call loads it instead of
-training again, random state included. ``make test`` sets it so that the second run of the
-explorer chapters (on Colab's widget versions) reuses the book build's training.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import inspect
 import os
-import pathlib
 import textwrap
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,7 +35,6 @@ from typing import TYPE_CHECKING
 MIN_SEEDS = 10
 
 
-TRAIN_CACHE = "SELFATTN_TRAIN_CACHE"
 
 
 SEEDS_FROM = "SELFATTN_SEEDS_FROM"
@@ -208,14 +198,7 @@ def train_seeds(
     for seed in seeds:
         torch.manual_seed(seed)
         models.append(make_model())
-    cache = _cache_file(models, data, seeds, steps, batch_size, lr, snapshot_every)
-    if cache is not None and cache.exists():
-        return _load(cache, models)
-    models, histories = _train_seeds(models, data, seeds, steps, batch_size, lr, progress,
-                                     desc, snapshot_every)
-    if cache is not None:
-        _store(cache, models, histories)
-    return models, histories
+    return _train_seeds(models, data, seeds, steps, batch_size, lr, progress, desc, snapshot_every)
 
 
 def _train_seeds(models: list[nn.Module], data: Sequences, seeds: Sequence[int], steps: int,
@@ -266,61 +249,6 @@ def _train_seeds(models: list[nn.Module], data: Sequences, seeds: Sequence[int],
                 t.copy_(trained[name][i])
             model.eval()
     return models, histories
-
-
-def _cache_file(models: list[nn.Module], data: Sequences, seeds: Sequence[int], steps: int,
-                batch_size: int, lr: float, snapshot_every: int | None) -> pathlib.Path | None:
-    """Where ``SELFATTN_TRAIN_CACHE`` keeps this training's result; None when unset, off the CPU
-    (whose random state alone is restored), or for a model the key could not describe: a module
-    with hooks, or a class whose source cannot be read (one typed in a notebook)."""
-    folder = os.environ.get(TRAIN_CACHE, "")
-    if not folder or next(models[0].parameters()).device.type != "cpu":
-        return None
-    digest = hashlib.sha256()
-    for source in sorted(pathlib.Path(__file__).resolve().parents[1].rglob("*.py")):
-        digest.update(source.read_bytes())  # the library and the book's models: the code
-    digest.update(repr((torch.__version__, list(seeds), steps, batch_size, lr,
-                        snapshot_every)).encode())
-    for module in models[0].modules():  # the structure and every setting, not only the weights
-        hooks = [v for k, v in vars(module).items()
-                 if k.endswith("hooks") and ("forward" in k or "backward" in k) and v]
-        if hooks:
-            return None
-        try:
-            digest.update(inspect.getsource(type(module)).encode())
-        except (OSError, TypeError):
-            return None
-        settings = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-        digest.update(repr((type(module).__module__, type(module).__qualname__,
-                            sorted((k, v) for k, v in settings.items()
-                                   if not isinstance(v, Tensor)))).encode())
-        for v in settings.values():  # a tensor attribute by its bytes (repr elides the middle)
-            if isinstance(v, Tensor):
-                digest.update(v.detach().cpu().contiguous().numpy().tobytes())
-    for m in models:  # which weights train
-        digest.update(repr([(n, p.requires_grad) for n, p in m.named_parameters()]).encode())
-    tensors = [v for m in models for v in (*m.state_dict().values(), *m.buffers())]
-    for t in [data.tokens, data.tags, *tensors]:
-        digest.update(repr((t.dtype, tuple(t.shape))).encode() + t.contiguous().numpy().tobytes())
-    return pathlib.Path(folder) / f"{digest.hexdigest()[:24]}.pt"
-
-
-def _store(path: pathlib.Path, models: list[nn.Module], histories: list[History]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # two processes may write at once
-    torch.save({"states": [m.state_dict() for m in models],
-                "histories": [(h.loss, h.snapshots) for h in histories],
-                "rng": torch.get_rng_state()}, temporary)
-    temporary.replace(path)
-
-
-def _load(path: pathlib.Path, models: list[nn.Module]) -> tuple[list[nn.Module], list[History]]:
-    saved = torch.load(path, weights_only=True)
-    for model, state in zip(models, saved["states"], strict=True):
-        model.load_state_dict(state)
-        model.eval()
-    torch.set_rng_state(saved["rng"])  # as if trained here: later cells draw the same numbers
-    return models, [History(loss, snapshots) for loss, snapshots in saved["histories"]]
 
 
 def seed_table(results: dict[str, list[float]], what: str = "accuracy", percent: bool = True,

@@ -278,7 +278,11 @@ def explorer(
             return str(exc)
 
     build = _static_explorer if static else _live_explorer
-    return build(widgets, show, dict(controls), sentences)
+    box = build(widgets, show, dict(controls), sentences)
+    # what it was made from, so that make test's harness can build the same explorer live
+    box.selfattn_explorer = {"compute": compute, "controls": controls, "sentences": sentences,
+                             "max_tokens": max_tokens}
+    return box
 
 
 def _static_explorer(widgets: ModuleType, show: Callable[..., View | Figure | str],
