@@ -1,9 +1,10 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
 #   make test   lint and type check; find or install a browser; set up .venv if needed; every
-#               chapter, two at a time, beside the unit tests; then the chapters with an
-#               explorer under nbval on Colab's widgets, beside the page rendering; book checks
-#   make unit   the inner loop (a minute or two): lint, type check, the tests that need no built book
+#               chapter, two at a time, beside the fast tests; the slow tests beside the page
+#               rendering; then the tests that read the built book (tools/test_all.sh)
+#   make unit   the inner loop (about a minute): lint, type check, the fast tests
+#   make check  make unit, then the slow tests: every test that needs no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
 #   make gpu    on a machine with a CUDA GPU: what only a GPU can run, with a dated report
 SHELL := /bin/bash
@@ -14,7 +15,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
 CJK_FONT := _vendor/fonts/book-cjk.woff2
 
-.PHONY: book executed test unit lint bench clean browser robust gpu
+.PHONY: book executed test unit check lint bench clean browser robust gpu
 
 # Two jobs: the Python packages, the JavaScript and the browser install side by side (each
 # recipe below is one job; the chapters' own two-way split is in the test recipe)
@@ -90,22 +91,29 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # The fast inner loop: lint, then every test that needs neither the built book nor a browser.
-unit: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not built_book" tests
+unit: $(STAMP)
+	@SECONDS=0; status=0; \
+	$(MAKE) --no-print-directory lint && \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not built_book" tests || status=$$?; \
+	echo "make unit took $$SECONDS s (lint, type check and the fast tests)"; exit $$status
+
+# make unit, then the slow tests (a subprocess, an export, a compile, a fresh environment):
+# every test that needs neither the built book nor a browser.
+check: unit
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "slow and not built_book" tests
 
 # The seed rule, checked on a range nobody chose: every chapter that trains (it calls
 # train_seeds) runs again with SELFATTN_SEEDS_FROM set to a fresh, random start, under
 # nbval-lax: outputs may differ, every assert must hold. The start is printed; to rerun one:
 #   make robust SEEDS_FROM=4130
-ifndef SEEDS_FROM
-SEEDS_FROM := $(shell python3 -c "import random; print(random.randrange(100, 10000))")
-endif
 TRAINING_CHAPTERS = $(shell grep -l "train_seeds" chapters/*.ipynb)
 robust: $(STAMP)
-	@echo "make robust: SELFATTN_SEEDS_FROM=$(SEEDS_FROM) on $(notdir $(TRAINING_CHAPTERS))"
-	SELFATTN_SEEDS_FROM=$(SEEDS_FROM) OMP_NUM_THREADS=1 TQDM_DISABLE=1 \
-		$(PY) -m pytest -q --nbval-lax $(TRAINING_CHAPTERS)
-	@echo "make robust passed with SELFATTN_SEEDS_FROM=$(SEEDS_FROM)"
+	@from=$${SEEDS_FROM:-$$(( RANDOM % 9900 + 100 ))}; \
+	echo "make robust: SELFATTN_SEEDS_FROM=$$from on $(notdir $(TRAINING_CHAPTERS))"; \
+	SELFATTN_SEEDS_FROM=$$from OMP_NUM_THREADS=1 TQDM_DISABLE=1 \
+		$(PY) -m pytest -q --nbval-lax $(TRAINING_CHAPTERS) && \
+	echo "make robust passed with SELFATTN_SEEDS_FROM=$$from" || \
+	{ echo "make robust failed with SELFATTN_SEEDS_FROM=$$from (repeat: make robust SEEDS_FROM=$$from)"; exit 1; }
 
 # On a machine with a CUDA GPU: the CUDA parity tests, the Triton kernel compiled for this GPU,
 # and every chapter executed on it with its GPU-only cells; a dated report in _build/gpu/
@@ -113,6 +121,7 @@ robust: $(STAMP)
 gpu: $(STAMP)
 	$(PY) tools/gpu_report.py
 
+.NOTPARALLEL: clean
 clean:
 	rm -rf _build .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
