@@ -123,41 +123,9 @@ def old_cue_ratio_by_offset(weights: Tensor, tokens: Tensor, n_cues: int, bin_wi
     return torch.tensor(out)
 
 
-def cue_weights(weights: Tensor, tokens: Tensor, n_cues: int, beyond: int, first_query: int = 0
-                ) -> dict[str, float]:
-    """Where the attention of a ``recent_cue_task`` model goes (chapter 5): the mean, over heads
-    and over queries ``first_query`` onwards, of the weight on
-
-    * ``"latest cue"``: the most recent cue at or before the query (the one its tag names);
-    * ``"old cues beyond"``: the other cues at least ``beyond`` tokens back;
-    * ``"fillers beyond"``: the fillers at least ``beyond`` tokens back;
-
-    and ``"cue / filler, per key"``: the weight one old cue that far back gets, over the weight
-    one filler that far back gets. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; tokens
-    ``1..n_cues`` are the cues. Queries with no cue yet count only in the last three.
-    """
-    w, is_cue, latest, i = _cue_view(weights, tokens, n_cues, first_query)
-    has_cue = latest >= 0  # (B, Q)
-    on_latest = w.gather(2, latest.clamp(min=0)[..., None])[..., 0]  # (B, Q)
-    far = (i[first_query:, None] - i[None, :]) >= beyond  # (Q, L)
-    old_cue = far & is_cue[:, None, :] & (i != latest[..., None])  # (B, Q, L)
-    filler = far & ~is_cue[:, None, :]  # (B, Q, L)
-    n_queries = w.shape[0] * w.shape[1]
-    on_old = (w * old_cue).sum().item() / n_queries
-    on_filler = (w * filler).sum().item() / n_queries
-    per_old = on_old / max(old_cue.sum().item() / n_queries, 1e-12)
-    per_filler = on_filler / max(filler.sum().item() / n_queries, 1e-12)
-    return {
-        "latest cue": (on_latest * has_cue).sum().item() / max(has_cue.sum().item(), 1),
-        "old cues beyond": on_old,
-        "fillers beyond": on_filler,
-        "cue / filler, per key": per_old / max(per_filler, 1e-12),
-    }
-
-
 def _cue_view(weights: Tensor, tokens: Tensor, n_cues: int, first_query: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """What :func:`cue_weights` and :func:`old_cue_ratio_by_offset` read of a ``recent_cue_task``
+    """What :func:`old_cue_ratio_by_offset` reads of a ``recent_cue_task``
     batch: the head-averaged weights of queries ``first_query`` on ``(B, Q, L)``, which tokens are
     cues ``(B, L)``, each query's latest cue at or before it ``(B, Q)`` (-1: none yet), and the
     positions ``(L,)``. Checks that ``weights`` ``(B, H, L, L)`` and ``tokens`` ``(B, L)`` match."""

@@ -16,7 +16,7 @@ Chapter 10's measurements live here too: a word's vector across sentences
 :data:`CONTROL_WORDS`), each head's share on a relative offset or on given tokens
 (:func:`offset_share`, :func:`token_share`), the lengths each head passes on
 (:func:`transformed_norms`, Kobayashi et al. 2020) and single-head ablation
-(:func:`head_ablation`, :func:`head_ablation_by_depth`, Michel et al. 2019, with
+(:func:`head_ablation_by_depth`, Michel et al. 2019, with
 :func:`path_gap`, the floor set by the choice of attention code).
 """
 
@@ -420,19 +420,12 @@ def head_ablation_by_depth(model: Pretrained, sentences: list[str]) -> tuple[Ten
     return own, end
 
 
-def head_ablation(model: Pretrained, sentences: list[str]) -> Tensor:
-    r"""How much each head matters to the sentence embedding: the mean over ``sentences`` of
-    $1 - \cos(e, e_{\setminus l,h})$ with head ``h`` of layer ``l`` removed
-    (:func:`head_ablation_by_depth`, its second tensor). Returns (layers, H)."""
-    return head_ablation_by_depth(model, sentences)[1]
-
-
 @torch.no_grad()
 def path_gap(model: Pretrained, sentences: list[str]) -> float:
     r"""The largest $1 - \cos$ between the sentence embeddings of :meth:`Pretrained.encode`
     (``need_weights=True``, the step-by-step attention) and of ``need_weights=False`` (the fast
     path, e.g. PyTorch's fused attention on a GPU), with no head removed: the floor below which
-    :func:`head_ablation` cannot tell a head's effect from a change of code path."""
+    :func:`head_ablation_by_depth` cannot tell a head's effect from a change of code path."""
     enc = model.encode(sentences)
     device = next(model.model.parameters()).device
     hidden, _ = model.model(enc.input_ids.to(device), enc.mask.to(device), need_weights=False)

@@ -656,8 +656,9 @@ class CueGradients:
 
 
 def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
-    r"""For a one-head tagger (``models.AttentionTagger(scorer=...)``, a dot-product scorer) on
-    a tagging task: the ambiguous word's weight on its cue and the gradient at that score.
+    r"""For a one-head tagger (:class:`~selfattn.book.tagging.AttentionTagger` with ``scorer=...``,
+    a dot-product scorer) on a tagging task: the ambiguous word's weight on its cue and the
+    gradient at that score.
 
     The loss of each sentence is its mean cross-entropy over its tokens, so ``cue_grad`` does
     not depend on how many sentences are measured; ``score_weight_grad`` is measured on the mean
@@ -762,7 +763,7 @@ def saturation_width(n_keys: int = 64, threshold: float = 0.9) -> int:
 
 def gradient_crossover() -> int:
     """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query gets
-    more gradient with the scale than without it (``measure.query_gradient_ratio``)."""
+    more gradient with the scale than without it (:func:`query_gradient_ratio`)."""
 
     for d in (2**i for i in range(1, 11)):
         if query_gradient_ratio(d) > 1:
@@ -783,22 +784,6 @@ def check_dot_variance(answer: object) -> str:
                      "Var(q_i) * Var(k_i)")
     return (f"each product has variance 0.5 * 0.5 = 0.25; 100 of them give "
             f"{dot_variance(100, 0.5):g} (measured over 40,000 samples: {measured:.2f})")
-
-
-@_checker
-def check_unit_variance_scale(fn: object) -> str:
-    """Chapter 4, exercise 2: ``fn(d)`` is the scale that gives q . k unit variance."""
-    g = torch.Generator().manual_seed(5)
-    for d in (4, 64, 512):
-        scale = _call(fn, d)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-            raise NotYet(f"for d={d} your function should return a number, got {scale!r}")
-        q = torch.randn(50_000, d, generator=g, dtype=torch.float64)
-        k = torch.randn(50_000, d, generator=g, dtype=torch.float64)
-        var = ((q * k).sum(-1) * scale).var().item()
-        if not 0.9 < var < 1.1:
-            raise NotYet(f"with d={d} your scale {scale:.4g} gives variance {var:.3g}, not 1")
-    return "scale = 1/sqrt(d): the variance d times scale^2 is 1"
 
 
 def _power_of_two(answer: object) -> int:
@@ -830,7 +815,7 @@ def check_saturation_width(answer: object) -> str:
 def check_gradient_crossover(answer: object) -> str:
     """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query (the
     median row) gets more gradient with the scale than without it, as the median over several
-    random draws (``measure.query_gradient_ratio``)."""
+    random draws (:func:`query_gradient_ratio`)."""
     ratio = query_gradient_ratio  # the median over several draws
 
     d = _power_of_two(answer)
