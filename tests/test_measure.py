@@ -54,13 +54,6 @@ def test_fit_exponent_recovers_a_power_law(p):
     assert measure.fit_exponent(sizes, noisy) == pytest.approx(p, abs=0.1)
 
 
-def test_fit_exponent_bad_input():
-    with pytest.raises(ValueError, match="at least two"):
-        measure.fit_exponent([1], [1.0])
-    with pytest.raises(ValueError, match="positive"):
-        measure.fit_exponent([1, 2], [0.0, 1.0])
-
-
 def test_peak_memory_counts_what_a_function_holds_at_once():
     def two_buffers():
         a = torch.ones(1000)  # 4,000 bytes
@@ -217,8 +210,6 @@ def test_top_share_measures_how_concentrated_a_gradient_is():
     one_row[7] = 3.0
     assert single_head.top_share(one_row) == pytest.approx(1.0)  # all in one row
     assert single_head.top_share(torch.tensor([3.0, 4.0]), 0.5) == pytest.approx(16 / 25)  # squares
-    with pytest.raises(ValueError, match="fraction"):
-        single_head.top_share(torch.ones(4), 0.0)
 
 
 def test_attention_gradients_obey_the_chain_rule_of_the_scale():
@@ -288,5 +279,3 @@ def test_fisher_exact_matches_known_tables():
     assert single_head.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
     assert single_head.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
     assert single_head.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
-    with pytest.raises(ValueError, match="0 <= k <= n"):
-        single_head.fisher_exact(11, 10, 0, 10)

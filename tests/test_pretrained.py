@@ -96,12 +96,6 @@ def test_a_corrupted_file_is_refused(tmp_path):
         pretrained.load(tmp_path)
 
 
-def test_bad_sentences_get_a_clear_error(ours):
-    for bad in ["", [], ["fine", "  "]]:
-        with pytest.raises(ValueError, match="non-empty sentences"):
-            ours.encode(bad)
-
-
 def test_the_weights_are_looked_for_in_order(monkeypatch, tmp_path):
     assert pretrained.find_model_dir(tmp_path) == tmp_path  # 1. the reader's folder
     installed = pretrained.find_model_dir()  # 2. the installed package
@@ -175,8 +169,6 @@ def test_word_vectors_and_pair_cosines(ours):
     torch.testing.assert_close(within[1], torch.cosine_similarity(v[0], v[2], dim=-1))
     across = pretrained.pair_cosines(v[:1], v)
     assert across.shape == (3, 7) and torch.allclose(across[0], torch.ones(7))
-    with pytest.raises(ValueError, match="'saw' is not one word piece"):
-        pretrained.word_vectors(ours, ["A bird sang."], "saw")
 
 
 def test_transformed_norms_are_the_lengths_each_head_passes_on(ours):
@@ -214,10 +206,6 @@ def test_position_ids_default_to_0_to_T_and_can_be_given(ours):
     torch.testing.assert_close(per_row, enc.hidden, atol=1e-6, rtol=1e-6)
     assert (shifted[0] - enc.hidden[0]).abs().max() > 0.1  # another position, another input
     assert (w_shifted - w).abs().max() > 0.01
-    with pytest.raises(ValueError, match="position_ids must be"):
-        ours.model(ids, mask, position_ids=torch.arange(T + 1))
-    with pytest.raises(ValueError, match=r"position_ids must lie in 0\.\.511"):
-        ours.model(ids, mask, position_ids=torch.arange(510, 510 + T))
 
 
 @pytest.mark.slow

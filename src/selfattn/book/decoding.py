@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
 from ..cache import Cache, KVCache
-from ..checks import check_positive_int
 from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
@@ -89,16 +88,6 @@ def sink_task(n: int, seq_len: int = 32, vocab_size: int = 16, n_triggers: int =
     "the BOS token"). ``trigger`` marks the triggers at ``t >= lag``. The same seed always gives
     the same data.
     """
-    check_positive_int(n, "n")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(vocab_size, "vocab_size")
-    check_positive_int(n_filler_tags, "n_filler_tags")
-    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
-        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len!r}")
-    if isinstance(n_triggers, bool) or not isinstance(n_triggers, int) \
-            or not 1 <= n_triggers <= vocab_size - 2:
-        raise ValueError(f"need 1 <= n_triggers <= vocab_size - 2 = {vocab_size - 2} (BOS, the "
-                         f"triggers and at least one ordinary token), got n_triggers={n_triggers!r}")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(1, vocab_size, (n, seq_len), generator=g)  # (N, T)
     if bos:
@@ -126,7 +115,7 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
                  ffn_hidden: int | None = None) -> None:
         super().__init__()
-        ffn_hidden = 4 * d_model if ffn_hidden is None else check_positive_int(ffn_hidden, "ffn_hidden")
+        ffn_hidden = 4 * d_model if ffn_hidden is None else ffn_hidden
         self.attn_norm = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=True)
         self.ffn_norm = nn.LayerNorm(d_model)
@@ -157,8 +146,7 @@ class TinyDecoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
                  n_kv_heads: int | None = None, ffn_hidden: int | None = None) -> None:
         super().__init__()
-        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
-        check_positive_int(n_layers, "n_layers")
+        self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, n_kv_heads, ffn_hidden)
                                     for _ in range(n_layers))
@@ -180,35 +168,10 @@ class TinyDecoder(nn.Module):
         values to its cache and they attend causally to everything cached, at positions
         ``cache.length, ...``. Without caches the tokens are a whole sequence from position 0.
         """
-        self._check(tokens, caches)
         x = self.embed(tokens)  # (B, T, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i])  # (B, T, d_model)
         return self.lm_head(self.norm(x))  # (B, T, vocab_size)
-
-    def _check(self, tokens: object, caches: object) -> None:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-        if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must be (batch, seq) integer token ids, at least one token; got "
-                             f"shape {tuple(tokens.shape)}, {tokens.dtype}")
-        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got ids from "
-                             f"{int(tokens.min())} to {int(tokens.max())}")
-        if caches is None:
-            return
-        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks) \
-                or not all(isinstance(c, Cache) for c in caches):
-            got = (f"{len(caches)} items" if isinstance(caches, (list, tuple))
-                   else type(caches).__name__)
-            raise TypeError(f"caches must be a list of {len(self.blocks)} selfattn.cache.Cache "
-                            f"(one per block: model.new_caches()), got {got}")
-        if len({id(c) for c in caches}) != len(caches):
-            raise ValueError("caches holds one cache object more than once: each block needs its "
-                             "own cache (model.new_caches())")
-        if len({c.length for c in caches}) != 1:
-            raise ValueError(f"the blocks' caches hold different numbers of tokens "
-                             f"{[c.length for c in caches]}: they must be fed together")
 
 
 SINK_SHARE = 0.3
@@ -239,15 +202,6 @@ def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int 
     """
     from ..masks import to_additive
 
-    if not isinstance(data, SinkData):
-        raise TypeError(f"data must be a SinkData (from sink_task), got {type(data).__name__}")
-    T = data.tokens.shape[1]
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (T, T):
-        shown = (f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor)
-                 else type(mask).__name__)
-        raise ValueError(f"mask must be a bool ({T}, {T}) tensor, True = kept (from "
-                         f"selfattn.causal_mask({T}, window=..., n_sink=...)), got {shown}")
-    _check_first_query(first_query, T)
     model.eval()
     device = next(model.parameters()).device
     logits = model(data.tokens.to(device), score_bias=to_additive(mask.to(device)))  # (B, T, n_tags)
@@ -258,12 +212,6 @@ def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int 
 
 def _mean(right: Tensor) -> float:
     return right.float().mean().item() if right.numel() else float("nan")
-
-
-def _check_first_query(first_query: int, T: int) -> None:
-    if isinstance(first_query, bool) or not isinstance(first_query, int) \
-            or not 0 <= first_query < T:
-        raise ValueError(f"first_query must be an int in [0, {T}), got {first_query!r}")
 
 
 def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | None = None) -> Tensor:
@@ -277,24 +225,12 @@ def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | Non
     sink metric) count a head as a sink when this share exceeds :data:`SINK_SHARE`. A head that spread its
     weight evenly over the keys up to each query would put ``1 / (t + 1)`` on position 0.
     """
-    if not isinstance(weights, Tensor) or weights.dim() != 4:
-        shown = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
-        raise ValueError(f"weights must be a (B, H, T, S) tensor, got {shown}")
     B, T = weights.shape[0], weights.shape[2]
-    _check_first_query(first_query, T)
     on_first = weights[:, :, first_query:, 0]  # (B, H, Q)
     chosen = torch.ones(B, T - first_query, dtype=torch.bool, device=weights.device)  # (B, Q)
     if where is not None:
-        if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != (B, T):
-            shown = (f"{where.dtype} of shape {tuple(where.shape)}" if isinstance(where, Tensor)
-                     else type(where).__name__)
-            raise ValueError(f"where must be a bool (B, T) = {(B, T)} tensor, got {shown}")
         chosen = where[:, first_query:].to(weights.device)  # (B, Q)
-    n = chosen.sum()
-    if n == 0:
-        raise ValueError("no query left to average over: where is False at every query from "
-                         f"first_query={first_query} on")
-    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / n  # (H,)
+    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / chosen.sum()  # (H,)
 
 
 @dataclass(frozen=True)
@@ -354,16 +290,6 @@ class SinkRecord(SinkEval):
     test: object = field(repr=False, compare=False)
 
 
-def _check_window(window: int, n_sink: int, lag: int, T: int) -> None:
-    if isinstance(window, bool) or not isinstance(window, int) or not lag < window < T:
-        raise ValueError(f"window must be an int with lag < window < seq_len ({lag} < window < "
-                         f"{T}): it must hold the token a trigger copies, and leave some out; "
-                         f"got window={window!r}")
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
-        raise ValueError(f"n_sink must be an int >= 1 (the first tokens kept beside the window), "
-                         f"got {n_sink!r}")
-
-
 @torch.no_grad()
 def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) -> SinkEval:
     """Measure one causal tagger trained on :func:`~selfattn.book.decoding.sink_task`: its accuracy
@@ -379,10 +305,7 @@ def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) ->
     """
     from ..masks import causal_mask
 
-    if not isinstance(test, SinkData):
-        raise TypeError(f"test must be a SinkData (from sink_task), got {type(test).__name__}")
     T = test.tokens.shape[1]
-    _check_window(window, n_sink, test.lag, T)
     first = window  # the first query whose window leaves position 0 out
     caches = {"full": causal_mask(T), "window_only": causal_mask(T, window=window),
               "sink_window": causal_mask(T, window=window, n_sink=n_sink)}
@@ -430,24 +353,10 @@ def sink_experiment(seeds: Sequence[int], data_seeds: tuple[int, int], *, window
     Returns ``{"BOS": [...], "control": [...]}``, one :class:`SinkRecord` per seed in the order
     of ``seeds``; :func:`sink_columns` turns an arm into columns for :func:`seed_rows`.
     """
-    from ..checks import check_positive_int
     from .kit.train import train_seeds
     from .tagging import AttentionTagger
 
     seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds must hold at least one seed")
-    if (not isinstance(data_seeds, tuple | list) or len(data_seeds) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in data_seeds)):
-        raise ValueError(f"data_seeds must be two ints, (training data, test data), got "
-                         f"{data_seeds!r}")
-    if data_seeds[0] == data_seeds[1]:
-        raise ValueError(f"data_seeds {tuple(data_seeds)}: the test data must be another draw "
-                         "than the training data")
-    check_positive_int(seq_len, "seq_len")
-    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
-        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len}")
-    _check_window(window, n_sink, lag, seq_len)  # before training, not after
     task = dict(seq_len=seq_len, vocab_size=vocab_size, n_triggers=n_triggers, lag=lag)
     results = {}
     for arm, bos in (("BOS", True), ("control", False)):
@@ -473,8 +382,6 @@ def sink_columns(records: Sequence[SinkEval]) -> dict[str, list[float]]:
     :func:`~selfattn.book.kit.train.seed_table`): the accuracy with the full cache, window only and
     sink + window, and the top head's share on position 0 on the queries with nothing to fetch,
     beside what an even spread would give."""
-    if not records:
-        raise ValueError("records must hold at least one record")
     return {"full cache": [r.full["all"] for r in records],
             "window only": [r.window_only["all"] for r in records],
             "sink+window": [r.sink_window["all"] for r in records],
@@ -540,9 +447,7 @@ class CacheRace:
                 for way in ("recompute", "cached")}
 
     def _ms(self, way: str) -> list[float]:
-        if way not in ("recompute", "cached"):
-            raise ValueError(f"way must be 'recompute' or 'cached', got {way!r}")
-        return self.recompute_ms if way == "recompute" else self.cached_ms
+        return {"recompute": self.recompute_ms, "cached": self.cached_ms}[way]
 
 
 def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
@@ -574,15 +479,6 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
     ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
     (a few seconds on one thread).
     """
-    if not isinstance(model, TinyDecoder):
-        raise TypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
-    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt must be (batch, seq) token ids, at least one token; got "
-                         f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}")
-    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 2:
-        raise ValueError(f"n_new must be an int >= 2 (the prompt pass, then steps), got {n_new!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     B, P = prompt.shape
     was_training = model.training
     model.eval()
@@ -721,15 +617,7 @@ def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, r
     (``d_model`` defaults to ``n_heads * head_dim``)."""
     from ..latent import MultiHeadLatentAttention
 
-    check_positive_int(n_heads, "n_heads", most=8)
-    for value, name in [(head_dim, "head_dim"), (kv_rank, "kv_rank")]:
-        check_positive_int(value, name, most=9999)
-    d_model = n_heads * head_dim if d_model is None else check_positive_int(d_model, "d_model",
-                                                                            most=99999)
-    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
-        raise TypeError(f"rope_dim must be an int, got {type(rope_dim).__name__}")
-    if not 0 <= rope_dim <= 9998:  # the layer checks that it is even
-        raise ValueError(f"rope_dim must be from 0 to 9998, got {rope_dim}")
+    d_model = n_heads * head_dim if d_model is None else d_model
     with torch.device("meta"):  # the sizes and names only: no weights are allocated
         layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
     h, hd, r, dr = layer.n_heads, layer.head_dim, layer.kv_rank, layer.rope_dim
@@ -855,19 +743,9 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
     in the pool. The tables, the token in every physical slot (read back from the pool's ``k``),
     the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own.
     ``n_blocks`` defaults to the blocks the requests need plus two free ones."""
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
-        raise ValueError(f"lengths must be a sequence of 1 to 4 token counts, got {lengths!r}")
     lengths = list(lengths)
-    if not 1 <= len(lengths) <= 4:
-        raise ValueError(f"lengths must hold 1 to 4 token counts (one per request), got {len(lengths)}")
-    for n in lengths:
-        check_positive_int(n, "each length", most=99)
-    check_positive_int(block_size, "block_size", most=8)
     needed = sum(math.ceil(n / block_size) for n in lengths)
-    n_blocks = needed + 2 if n_blocks is None else check_positive_int(n_blocks, "n_blocks")
-    if not needed <= n_blocks <= 12:
-        raise ValueError(f"n_blocks must be from the {needed} blocks the requests need to 12 (to fit "
-                         f"the page), got {n_blocks}")
+    n_blocks = needed + 2 if n_blocks is None else n_blocks
     pool, caches = _paged_run(lengths, block_size, n_blocks)
     tables = [list(c.block_table) for c in caches]
     names = "ABCD"[:len(lengths)]
@@ -999,18 +877,7 @@ def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: 
     disagree with the code. ``t`` is at least ``n_sink + window`` (the buffer full)."""
     from ..cache import SinkCache, SlidingWindowCache
 
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
-        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
-    if not 0 <= n_sink <= 8:
-        raise ValueError(f"n_sink must be from 0 to 8, got {n_sink}")
-    check_positive_int(window, "window", most=16)
     size = n_sink + window
-    if size > 16:
-        raise ValueError(f"n_sink + window must be at most 16 slots to draw, got {n_sink} + {window}")
-    if isinstance(t, bool) or not isinstance(t, int):
-        raise TypeError(f"t must be an int, got {type(t).__name__}")
-    if not size <= t <= 32:
-        raise ValueError(f"t must be from n_sink + window = {size} (the buffer full) to 32, got {t}")
     panels = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
     if sliding:
         panels.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))

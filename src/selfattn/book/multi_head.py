@@ -19,7 +19,6 @@ from torch import Tensor
 from .. import fastpaths
 from ..attention import scaled_dot_product_attention
 from ..cache import KVCache
-from ..checks import check_positive_int
 from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
@@ -54,10 +53,6 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
     at either end). One attention head can look left and another right: chapter 6 trains
     models with one, two and four heads on it and watches the heads specialise.
     """
-    check_positive_int(n, "n")
-    if seq_len < 2:
-        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
-    check_positive_int(vocab_size, "vocab_size")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (n, seq_len), generator=g)  # (N, T)
     edge = torch.full((n, 1), vocab_size)
@@ -77,15 +72,8 @@ def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, 
     ``T`` queries attend to ``S`` keys and values (``S`` defaults to ``T``: self-attention); each
     head's scores are ``(T, S)``."""
     cfg = layer.config if isinstance(layer, MultiHeadAttention) else layer
-    if not isinstance(cfg, AttentionConfig):
-        raise TypeError(f"layer must be a MultiHeadAttention or an AttentionConfig, got "
-                        f"{type(layer).__name__}")
-    check_positive_int(B, "B", most=10**6)
-    check_positive_int(T, "T", most=10**6)
     S = T if S is None else S
-    check_positive_int(S, "S", most=10**6)
     h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
-    check_positive_int(h, "n_heads", most=16)
     W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
     y0, y1 = H - 0.3, H - 1.05  # inputs, projections (and a line of sizes at the bottom)
     y2 = y1 - 1.25  # the heads: q, k, v pieces stacked, 0.22 apart
@@ -300,19 +288,10 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
     key/value head $i // (n_{heads} / n_{kv})$, as :func:`~selfattn.heads.repeat_kv` orders them
     (Ainslie et al. 2023, §2). ``n_kv_heads_list`` defaults to ``n_heads``, ``n_heads // 4`` (or
     ``// 2``) and 1."""
-    check_positive_int(n_heads, "n_heads", most=32)
-    check_positive_int(head_dim, "head_dim", most=10**6)
     if n_kv_heads_list is None:
         middle = n_heads // 4 if n_heads >= 8 else n_heads // 2
         n_kv_heads_list = sorted({n_heads, max(middle, 1), 1}, reverse=True)
     counts = list(n_kv_heads_list)
-    if not 1 <= len(counts) <= 4:
-        raise ValueError(f"n_kv_heads_list must hold 1 to 4 head counts, got {counts}")
-    for n_kv in counts:
-        check_positive_int(n_kv, "each n_kv_heads")
-        if n_heads % n_kv:
-            raise ValueError(f"n_heads ({n_heads}) must be a multiple of each n_kv_heads, got "
-                             f"{n_kv}: each key/value head serves a whole group of query heads")
     W, H, left = PAGE_WIDTH, 3.0, 0.85
     pw = (W - left) / len(counts)
     y_t, y_q, y_k, y_v, y_c = H - 0.25, 1.95, 1.07, 0.85, 0.38
@@ -360,14 +339,6 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     (its ``seqlenq_ngroups_swapped``)."""
     from ..fastpaths import GROUPED_HEADS, Call
 
-    check_positive_int(n_heads, "n_heads", most=16)
-    check_positive_int(n_kv_heads, "n_kv_heads", most=16)
-    check_positive_int(L, "L", most=16)
-    if n_heads % n_kv_heads or n_heads == n_kv_heads:
-        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}), "
-                         f"and larger: a group holds two query heads or more")
-    if n_heads * L > 16:
-        raise ValueError(f"n_heads * L must be at most 16 rows to draw, got {n_heads} * {L}")
     g = n_heads // n_kv_heads
     # each query row holds its own number, head * L + token; the library regroups it
     q = torch.arange(n_heads * L, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, L, 1)

@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_positive_int
 from ..multihead import MultiHeadAttention
 from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
 from ..scoring import ScoredSelfAttention
@@ -79,25 +78,10 @@ def tagging_task(
     not where it is (a bag of words) cannot tell which cue decides. The same seed always gives the
     same data.
     """
-    check_positive_int(n, "n")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(n_cues, "n_cues")
-    check_positive_int(n_filler_tags, "n_filler_tags")
-    if isinstance(decoys, bool) or not isinstance(decoys, int) or decoys < 0:
-        raise ValueError(f"decoys must be a non-negative int, got {decoys!r}")
-    if decoys and n_cues < 2:
-        raise ValueError("decoys need at least two cue words (a decoy differs from the cue)")
     longest = seq_len - 1 - decoys  # leave room for the decoys after the ambiguous word
     max_distance = longest if max_distance is None else max_distance
-    if not 1 <= min_distance <= max_distance <= longest:
-        raise ValueError(
-            f"need 1 <= min_distance <= max_distance <= seq_len - 1 - decoys = {longest}, got "
-            f"min_distance={min_distance}, max_distance={max_distance}, seq_len={seq_len}, "
-            f"decoys={decoys}"
-        )
+    assert 1 <= min_distance <= max_distance <= longest, "the cue must fit before the word"
     first_filler = n_cues + 1
-    if vocab_size <= first_filler:
-        raise ValueError(f"vocab_size must exceed 1 + n_cues = {first_filler}, got {vocab_size}")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(first_filler, vocab_size, (n, seq_len), generator=g)  # (N, T)
     tags = 2 * n_cues + tokens % n_filler_tags  # (N, T)
@@ -133,8 +117,6 @@ class WindowTagger(nn.Module):
     def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
                  hidden: int = 64) -> None:
         super().__init__()
-        if window < 0:
-            raise ValueError(f"window must be >= 0, got {window}")
         self.window = window
         self.embed = nn.Embedding(vocab_size, d)
         self.mlp = nn.Sequential(nn.Linear((2 * window + 1) * d, hidden), nn.ReLU(),
@@ -156,11 +138,9 @@ class CNNTagger(nn.Module):
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, kernel: int = 5,
                  n_layers: int = 2) -> None:
         super().__init__()
-        if kernel % 2 == 0:
-            raise ValueError(f"kernel must be odd to keep the length, got {kernel}")
         self.embed = nn.Embedding(vocab_size, d)
         self.convs = nn.ModuleList(nn.Conv1d(d, d, kernel, padding=kernel // 2)
-                                   for _ in range(check_positive_int(n_layers, "n_layers")))
+                                   for _ in range(n_layers))
         self.out = nn.Linear(d, n_tags)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -247,11 +227,8 @@ class AttentionTagger(nn.Module):
                  n_kv_heads: int | None = None, positions: str = "sinusoidal",
                  causal: bool = False, head_dim: int | None = None) -> None:
         super().__init__()
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
-        if scorer is not None and positions in ("rope", "alibi"):
-            raise ValueError(f"positions={positions!r} needs the multi-head layer; "
-                             f"a scorer ({scorer!r}) takes 'none', 'sinusoidal' or 'learned'")
+        assert positions in POSITIONS, f"positions: one of {POSITIONS}"
+        assert scorer is None or positions not in ("rope", "alibi"), "RoPE and ALiBi need the MHA layer"
         self.positions, self.causal, self.max_len = positions, causal, max_len
         self.embed = nn.Embedding(vocab_size, d)
         if positions == "sinusoidal":
@@ -276,8 +253,6 @@ class AttentionTagger(nn.Module):
         T = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
         if self.positions == "sinusoidal":
-            if T > self.max_len:
-                raise ValueError(f"sequence of {T} tokens is longer than max_len={self.max_len}")
             x = x + self.pe[:T]
         elif self.positions == "learned":
             x = x + self.learned(T)  # raises beyond max_len
