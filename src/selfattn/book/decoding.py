@@ -31,25 +31,9 @@ from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..positional import apply_rope
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _equal, _number, _seeded_layer, _tensor
-from .kit.draw import (
-    _TAB,
-    GREY,
-    INK,
-    MONO,
-    OUT,
-    Diagram,
-    K,
-    Q,
-    V,
-    _arrow,
-    _box,
-    _canvas,
-    _runs,
-    _slot_range,
-    _text,
-    _tint,
-)
+from .kit.draw import GREY, INK, MONO, OUT, Diagram, K, Q, V
 from .kit.measure import decode_bytes, synchronize
 from .kit.train import Sequences, train
 from .kit.viz import PAGE_WIDTH
@@ -624,82 +608,82 @@ def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, r
     cached, mha = layer.cache_numbers_per_token(), 2 * h * hd
     k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
     W, H = PAGE_WIDTH, 4.9
-    ROPE, CACHE = _TAB[5], _TAB[3]
-    fig, ax = _canvas(W, H)
+    ROPE, CACHE = draw.TAB[5], draw.TAB[3]
+    fig, ax = draw.canvas(W, H)
     mono = {"family": MONO, "size": 8}
-    _text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
+    draw.text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
     # the token: its hidden state
     x_h, y_h = 0.55, 2.55
-    _text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
-    _box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
+    draw.text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
+    draw.box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
     # the cache: the latent and the shared rope key, all a token leaves behind
     x_c, cw, y_c, y_r = 2.22, 1.45, 3.15, 1.95
     ax.add_patch(FancyBboxPatch((x_c - cw / 2 - 0.08, y_r - 0.4), cw + 0.16, y_c - y_r + 0.82,
-                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=_tint(CACHE, 0.08),
+                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=draw.tint(CACHE, 0.08),
                                 edgecolor=CACHE, linewidth=1.0, linestyle="--", gid="cache"))
-    _text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
-    _box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
+    draw.text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
+    draw.box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
     ax.patches[-1].set_linewidth(2.0)  # the latent: the one thing every head shares
     if dr:
-        _box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
-             gid="rope key")
+        draw.box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
+                 gid="rope key")
     else:
-        _text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
+        draw.text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
     numbers = "number" if cached == 1 else "numbers"
-    _text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
-          ha="center", **mono)
-    _arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
+    draw.text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
+              ha="center", **mono)
+    draw.arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
     if dr:
-        _arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
+        draw.arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
     # explicit: every cached latent up-projected to every head's key and value
     x0 = 3.2  # the right half starts here
-    _text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
+    draw.text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
     y_k, y_v = 4.15, 3.6
     x_lab, x1, x2 = x0 + 0.05, 4.25, W - 0.1  # the labels, then the heads from x1 to x2
     pitch = (x2 - x1) / h
     bw = min(0.85 * pitch, 0.6)
     content = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
     for y, name, color, label in [(y_k, "k_up", K, r"$W^{UK}$"), (y_v, "v_up", V, r"$W^{UV}$")]:
-        _text(ax, x_lab, y, name, **mono)
-        _text(ax, x_lab + 0.4, y, label, size=10)
-        _arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
+        draw.text(ax, x_lab, y, name, **mono)
+        draw.text(ax, x_lab + 0.4, y, label, size=10)
+        draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
         for i in range(h):
             left = x1 + pitch * i + (pitch - bw) / 2
             width = content if name == "k_up" else bw * hd / (k_width + dr)
             label = f"{name[0]}{i}" if width >= 0.05 * len(f"{name[0]}{i}") + 0.04 else ""
-            _box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
-                 gid=f"{name[0]}{i}")
+            draw.box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
+                     gid=f"{name[0]}{i}")
             if name == "k_up" and dr:
-                _box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
-                     gid=f"rope{i}")
+                draw.box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
+                         gid=f"rope{i}")
     key = f"key {k_width} + {dr} (k^R, shared)" if dr else f"key {k_width}"
-    _text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
-          "built from every cached latent", va="top", linespacing=1.3, **mono)
+    draw.text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
+              "built from every cached latent", va="top", linespacing=1.3, **mono)
     # absorbed: the heads attend to the latents themselves
-    _text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
+    draw.text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
     y_s, y_o = 1.85, 0.95
     xb, xa, bw2 = 4.05, 5.9, 1.55
     rope_score = r" + q_i^{R\top} k^R_j" if dr else ""
-    _box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
-         size=10, gid="scores")
-    _box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
-         Q, size=10, gid="query")
-    _box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
-         gid="weighted latents")
-    _box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
-         gid="output")
-    _arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
-    _arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
-    _arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
-    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
-    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
+    draw.box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
+             size=10, gid="scores")
+    draw.box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
+             Q, size=10, gid="query")
+    draw.box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
+             gid="weighted latents")
+    draw.box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
+             gid="output")
+    draw.arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
+    draw.arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
+    draw.arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
+    draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
+    draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
     if dr:
-        _arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
-    _text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
+        draw.arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
+    draw.text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
     # what the cache costs, against multi-head attention
     share = Fraction(cached, mha)
-    _text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
-          f"{mha}; {share} of it", size=8, family=MONO)
+    draw.text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
+              f"{mha}; {share} of it", size=8, family=MONO)
     alt_rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
                 " (no rope key: rope_dim is 0)")
     return Diagram(fig, f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden "
@@ -756,7 +740,7 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
     slot_bytes = pool.bytes_per_block // block_size
     unused = [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches]
     W, H = PAGE_WIDTH, 4.1
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     mono = {"family": MONO, "size": 8}
     bold = {"size": 8.5, "weight": "bold"}
     headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
@@ -776,10 +760,10 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
     labelled = cw >= 0.16  # room for a two-digit position in each slot
     ch = 0.3
     y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
-    _text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
-          "one shared pool", **bold)
-    _text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
-          "one token each per step, so their blocks interleave", size=8)
+    draw.text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
+              "one shared pool", **bold)
+    draw.text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
+              "one token each per step, so their blocks interleave", size=8)
 
     def block(x: float, y: float, r: int | None, cells: list[tuple[str, bool]], gid: str,
               text_gid: str) -> None:
@@ -789,16 +773,16 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
         ax.add_patch(FancyBboxPatch((x, y - ch / 2), bw, ch, boxstyle="round,pad=0,rounding_size=0.04",
                                     facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
         for s, (label, full) in enumerate(cells):
-            fill = _tint(color, 0.3) if full else "white"
+            fill = draw.tint(color, 0.3) if full else "white"
             ax.add_patch(FancyBboxPatch((x + s * cw + 0.015, y - ch / 2 + 0.03), cw - 0.03, ch - 0.06,
                                         boxstyle="square,pad=0", facecolor=fill, edgecolor="none",
                                         hatch=None if full or r is None else "////", zorder=2))
             if r is not None and not full:
-                ax.patches[-1].set_edgecolor(_tint(color, 0.5))
+                ax.patches[-1].set_edgecolor(draw.tint(color, 0.5))
                 ax.patches[-1].set_linewidth(0)
             if label and labelled:
-                _text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
-                      gid=f"{text_gid}.{s}")
+                draw.text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
+                          gid=f"{text_gid}.{s}")
 
     # the pool's physical blocks, left to right by number
     pitch_p = (W - 2 * margin - bw) / max(n_blocks - 1, 1)
@@ -811,34 +795,35 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
         assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
         block(x_phys[b], y_phys, r, cells, f"physical {b}: " + ("free" if r is None else names[r]),
               f"physical {b}")
-        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center", weight="bold")
-        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
-              ha="center", color=GREY if r is None else INK)
-    _text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
-          f"block_size={block_size}), shared; under each, its number and the request holding it",
-          size=8)
+        draw.text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center",
+                  weight="bold")
+        draw.text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
+                  ha="center", color=GREY if r is None else INK)
+    draw.text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
+              f"block_size={block_size}), shared; under each, its number and the request holding it",
+              size=8)
     # each request's logical blocks, and an arrow from each to the physical block it maps to
     x = margin + (W - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
     for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
         mid = x + group / 2
-        _text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
-        _text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
+        draw.text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
+        draw.text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
         left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
         for j, b in enumerate(table):
             xj = left + j * (bw + gap_b)
             cells = [(str(p), True) if p < n else ("", False)
                      for p in range(j * block_size, (j + 1) * block_size)]
             block(xj, y_log, r, cells, f"logical {names[r]}{j} -> {b}", f"logical {names[r]}{j}")
-            _arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
-                   colors[r], lw=0.9)
+            draw.arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
+                       colors[r], lw=0.9)
         x += group + gap_r
     waste = " + ".join(str(u) for u in unused)
     total = sum(len(t) for t in tables) * block_size
     free = pool.free_blocks
-    _text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
-          f"of {total} allocated", size=8)
-    _text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)", size=8,
-          family=MONO)
+    draw.text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
+              f"of {total} allocated", size=8)
+    draw.text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)",
+              size=8, family=MONO)
     maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
                      for name, n, table in zip(names, lengths, tables, strict=True))
     return Diagram(fig, f"PagedAttention: {len(lengths)} request{'s' if len(lengths) > 1 else ''} decoded "
@@ -885,46 +870,46 @@ def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: 
     ph, sh, link = 0.26, 0.34, 0.62  # a position's height, a slot's height, the lines between
     panel_h = 0.3 + ph + link + sh + 0.32
     W, H = PAGE_WIDTH, 0.55 + len(panels) * panel_h + 0.3
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     x0, margin = 0.95, 0.1  # the rows start after their captions
     pw = min(0.3, (W - x0 - margin) / (t + 1))  # t positions and the next one
     sw = min(0.42, (W - x0 - margin) / size)
     tokens = f"{t} token{'s' * (t > 1)}"
-    _text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
-          size=8.5, weight="bold")
-    _text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
-          "Jiang et al. 2023, §2)", size=8)
+    draw.text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
+              size=8.5, weight="bold")
+    draw.text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
+              "Jiang et al. 2023, §2)", size=8)
     summary = []
     for k, (tag, title, cache, sinks) in enumerate(panels):
         held, nxt = _rolling_run(cache, t)
         top = H - 0.55 - k * panel_h
         y_p, y_s = top - 0.3 - ph / 2, top - 0.3 - ph - link - sh / 2
         win = size - sinks
-        _text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
-        rolling = f"{_slot_range(sinks, size)} roll" + "s" * (win == 1)
-        kept_sinks = f"{_slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
-        _text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
-        _text(ax, margin, y_p, "positions", size=8)
-        _text(ax, margin, y_s, "buffer slots", size=8)
+        draw.text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
+        rolling = f"{draw.slot_range(sinks, size)} roll" + "s" * (win == 1)
+        kept_sinks = f"{draw.slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
+        draw.text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
+        draw.text(ax, margin, y_p, "positions", size=8)
+        draw.text(ax, margin, y_s, "buffer slots", size=8)
         kept = set(held)
         for p in range(t + 1):
             x = x0 + (p + 0.5) * pw
             kind = "next" if p == t else "sink" if p < sinks else "kept" if p in kept else "evicted"
             color = {"next": NEXT, "sink": SINK, "kept": KEPT, "evicted": GREY}[kind]
-            fill = {"next": "white", "evicted": EVICTED}.get(kind, _tint(color, 0.3))
+            fill = {"next": "white", "evicted": EVICTED}.get(kind, draw.tint(color, 0.3))
             ax.add_patch(FancyBboxPatch((x - pw / 2 + 0.01, y_p - ph / 2), pw - 0.02, ph,
                                         boxstyle="round,pad=0,rounding_size=0.03", facecolor=fill,
                                         edgecolor=color, linewidth=0.9, linestyle="--" if p == t else "-",
                                         gid=f"{tag} position {p} {kind}"))
-            _text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
-                  color=GREY if kind == "evicted" else INK)
+            draw.text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
+                      color=GREY if kind == "evicted" else INK)
         for s, p in enumerate(held):
             xs, xp = x0 + (s + 0.5) * sw, x0 + (p + 0.5) * pw
             color = SINK if s < sinks else KEPT
-            _box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
+            draw.box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
             ax.texts[-1].set_gid(f"{tag} slot {s}")
             ax.plot([xs, xp], [y_s + sh / 2, y_p - ph / 2], color=color, lw=0.8, zorder=1)
-            _text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
+            draw.text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
         # the next write: position t into slot nxt, over the oldest token of the window
         xs = x0 + (nxt + 0.5) * sw
         ax.add_patch(FancyBboxPatch((xs - sw / 2 + 0.005, y_s - sh / 2 - 0.035), sw - 0.01, sh + 0.07,
@@ -933,18 +918,18 @@ def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: 
         ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=NEXT, lw=1.2,
                 ls="--", zorder=1)
         evicted = t - len(kept)
-        sinks_in = f"sinks in {_slot_range(0, sinks)}, " if sinks else ""
-        summary.append(f"{title} ({sinks_in}the last {win} rolling in {_slot_range(sinks, size)}) keeps "
-                       f"positions {_runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
+        sinks_in = f"sinks in {draw.slot_range(0, sinks)}, " if sinks else ""
+        summary.append(f"{title} ({sinks_in}the last {win} rolling in {draw.slot_range(sinks, size)}) keeps "
+                       f"positions {draw.runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
                        f"{nxt}, overwriting position {held[nxt]}")
-    legend = [(SINK, _tint(SINK, 0.3), "sink", "-")] if n_sink else []
-    legend += [(KEPT, _tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
+    legend = [(SINK, draw.tint(SINK, 0.3), "sink", "-")] if n_sink else []
+    legend += [(KEPT, draw.tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
                (NEXT, "white", f"next write (position {t})", "--")]
     x = margin
     for edge, fill, label, style in legend:
         ax.add_patch(FancyBboxPatch((x, 0.1), 0.22, 0.16, boxstyle="round,pad=0,rounding_size=0.03",
                                     facecolor=fill, edgecolor=edge, linewidth=1.0, linestyle=style))
-        _text(ax, x + 0.28, 0.18, label, size=8)
+        draw.text(ax, x + 0.28, 0.18, label, size=8)
         x += 0.28 + 0.068 * len(label) + 0.3
     sinks_stay = "The sinks stay in their slots; the" if n_sink else "The"
     return Diagram(fig, f"Rolling key/value buffers after {tokens}. " + ". ".join(summary)

@@ -22,24 +22,9 @@ from ..cache import KVCache
 from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _seeded_layer, _tensor
-from .kit.draw import (
-    _TAB,
-    GREY,
-    INK,
-    MONO,
-    OUT,
-    Diagram,
-    K,
-    Q,
-    V,
-    _arrow,
-    _box,
-    _canvas,
-    _shape,
-    _text,
-    _tint,
-)
+from .kit.draw import GREY, INK, MONO, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters, synchronize
 from .kit.train import Sequences
 from .kit.viz import PAGE_WIDTH
@@ -82,33 +67,33 @@ def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, 
     c = left + span / 2
     lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h, T), "k": (c, K, "key", cfg.kdim, h_kv, S),
              "v": (c + 1.2, V, "value", cfg.vdim, h_kv, S)}  # name: x, colour, input, width, heads, length
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     pitch = span / h
     xh = [left + pitch * (i + 0.5) for i in range(h)]
     hw, size = min(0.4, 0.85 * pitch), 8 if h <= 8 else 7
     ax.add_patch(FancyBboxPatch((left, y2 - 0.38), span, 0.76, boxstyle="round,pad=0,rounding_size=0.06",
                                 facecolor="#f3f3f3", edgecolor="none"))
     for name, (x, color, label, width, n, length) in lanes.items():
-        _box(ax, x, y0, lw, bh, f"{label}\n{_shape(B, length, width)}", GREY, size=8.5, family=MONO)
-        _arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
-        _box(ax, x, y1, lw, bh, f"{name}_proj\n{_shape(B, length, n * hd)}", color, size=8.5,
-             family=MONO)
-        _arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
-        _text(ax, x, y2 + 0.62, _shape(B, n, length, hd), size=8.5, family=MONO, ha="center",
-              bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
+        draw.box(ax, x, y0, lw, bh, f"{label}\n{draw.shape(B, length, width)}", GREY, size=8.5, family=MONO)
+        draw.arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
+        draw.box(ax, x, y1, lw, bh, f"{name}_proj\n{draw.shape(B, length, n * hd)}", color, size=8.5,
+                 family=MONO)
+        draw.arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
+        draw.text(ax, x, y2 + 0.62, draw.shape(B, n, length, hd), size=8.5, family=MONO, ha="center",
+                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
         row = {"q": 0.22, "k": 0.0, "v": -0.22}[name]
         for i, x_i in enumerate(xh):  # head i gets query head i and key/value head i // g
-            _box(ax, x_i, y2 + row, hw, 0.19, f"{name}{i if name == 'q' else i // g}", color, size=size,
-                 family=MONO)
+            draw.box(ax, x_i, y2 + row, hw, 0.19, f"{name}{i if name == 'q' else i // g}", color, size=size,
+                     family=MONO)
     for x_i in xh:
-        _arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
-    _box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
+        draw.arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
+    draw.box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
     for i in range(1, h):
         ax.plot([left + pitch * i] * 2, [y3 - bh / 2, y3 + bh / 2], color=OUT, lw=0.8)
-    _text(ax, c, y3, f"merge_heads {_shape(B, T, h * hd)}", size=8.5, family=MONO, ha="center",
-          bbox={"facecolor": _tint(OUT), "edgecolor": "none", "pad": 2})
-    _arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
-    _box(ax, c, y4, lw, bh, f"out_proj\n{_shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
+    draw.text(ax, c, y3, f"merge_heads {draw.shape(B, T, h * hd)}", size=8.5, family=MONO, ha="center",
+              bbox={"facecolor": draw.tint(OUT), "edgecolor": "none", "pad": 2})
+    draw.arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
+    draw.box(ax, c, y4, lw, bh, f"out_proj\n{draw.shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
     mono = {"size": 8, "family": MONO}
     kv = "n_kv_heads" if h_kv != h else "n_heads"  # chapter 7's name only where it differs
     notes = [  # beside each step: its name in the code, then its output's shape in the code's names
@@ -122,24 +107,24 @@ def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, 
         (y4, "out_proj", "(B, T, out_dim)", mono),
     ]
     for y, step, shapes, style in notes:
-        _text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
-        _text(ax, 4.25, y + 0.01, shapes, va="top", **style)
-    _text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
-    _text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {_shape(B, h, T, S)}",
-          va="top", **mono)
+        draw.text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
+        draw.text(ax, 4.25, y + 0.01, shapes, va="top", **style)
+    draw.text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
+    draw.text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {draw.shape(B, h, T, S)}",
+              va="top", **mono)
     if g > 1:
-        _text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {g}", va="top", **mono)
+        draw.text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {g}", va="top", **mono)
     sizes = (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
              f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
              f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
-    _text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
+    draw.text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
     kind = "" if h_kv == h else f", {h_kv} key/value heads"
     return Diagram(fig, f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the "
-                        f"query {_shape(B, T, cfg.d_model)} to {_shape(B, T, h * hd)}, split_heads "
-                        f"makes it {_shape(B, h, T, hd)}, each head attends on its own (scores "
-                        f"{_shape(B, h, T, S)} from {S} keys), merge_heads "
-                        f"concatenates the heads back to {_shape(B, T, h * hd)} and out_proj (W^O) "
-                        f"gives {_shape(B, T, cfg.out_dim)}.")
+                        f"query {draw.shape(B, T, cfg.d_model)} to {draw.shape(B, T, h * hd)}, split_heads "
+                        f"makes it {draw.shape(B, h, T, hd)}, each head attends on its own (scores "
+                        f"{draw.shape(B, h, T, S)} from {S} keys), merge_heads "
+                        f"concatenates the heads back to {draw.shape(B, T, h * hd)} and out_proj (W^O) "
+                        f"gives {draw.shape(B, T, cfg.out_dim)}.")
 
 
 def article_attention_shape(batch: int, n_heads: int, n_queries: int, n_keys: int) -> tuple[int, ...]:
@@ -295,34 +280,34 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
     W, H, left = PAGE_WIDTH, 3.0, 0.85
     pw = (W - left) / len(counts)
     y_t, y_q, y_k, y_v, y_c = H - 0.25, 1.95, 1.07, 0.85, 0.38
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     for y, label in [(y_q, "query\nheads"), (y_k, "key heads"), (y_v, "value heads"),
                      (y_c, "KV cache per\ntoken and\nlayer")]:
-        _text(ax, 0.05, y, label, size=8.5)
+        draw.text(ax, 0.05, y, label, size=8.5)
     mha = 2 * n_heads * head_dim
     for p, n_kv in enumerate(counts):
         g, x_left = n_heads // n_kv, left + p * pw
         name = "MHA" if n_kv == n_heads else "MQA" if n_kv == 1 else "GQA"
-        _text(ax, x_left + pw / 2, y_t, name, size=10, weight="bold", ha="center")
-        _text(ax, x_left + pw / 2, y_t - 0.25, f"n_kv_heads={n_kv}", size=8, family=MONO, ha="center")
+        draw.text(ax, x_left + pw / 2, y_t, name, size=10, weight="bold", ha="center")
+        draw.text(ax, x_left + pw / 2, y_t - 0.25, f"n_kv_heads={n_kv}", size=8, family=MONO, ha="center")
         pitch = (pw - 0.2) / n_heads
         qw = min(0.26, 0.8 * pitch)
         xq = [x_left + 0.1 + pitch * (i + 0.5) for i in range(n_heads)]
         xkv = [sum(xq[j * g:(j + 1) * g]) / g for j in range(n_kv)]
         kw = min(0.8 * pitch * g, 0.5)
         for i, x in enumerate(xq):
-            _box(ax, x, y_q, qw, 0.24, str(i) if qw >= 0.07 * len(str(i)) + 0.06 else "", Q, size=8,
-                 gid=f"q{p}-{i}")
+            draw.box(ax, x, y_q, qw, 0.24, str(i) if qw >= 0.07 * len(str(i)) + 0.06 else "", Q, size=8,
+                     gid=f"q{p}-{i}")
             j = i // g  # the key/value head query head i reads (repeat_kv's order)
             ax.plot([x, xkv[j]], [y_q - 0.12, y_k + 0.09], color=INK, lw=0.8, gid=f"link{p}-{i}")
         for j, x in enumerate(xkv):
             label = str(j) if kw >= 0.07 * len(str(j)) + 0.06 else ""
-            _box(ax, x, y_k, kw, 0.18, label, K, size=7.5, gid=f"kv{p}-{j}")
-            _box(ax, x, y_v, kw, 0.18, label, V, size=7.5)
+            draw.box(ax, x, y_k, kw, 0.18, label, K, size=7.5, gid=f"kv{p}-{j}")
+            draw.box(ax, x, y_v, kw, 0.18, label, V, size=7.5)
         per_token, ratio = 2 * n_kv * head_dim, Fraction(2 * n_kv * head_dim, mha)
         share = "= MHA's" if ratio == 1 else f"{ratio} of MHA's"
-        _text(ax, x_left + pw / 2, y_c, f"2 × {n_kv} × {head_dim}\n= {per_token} numbers\n{share}",
-              ha="center", size=8.5)
+        draw.text(ax, x_left + pw / 2, y_c, f"2 × {n_kv} × {head_dim}\n= {per_token} numbers\n{share}",
+                  ha="center", size=8.5)
     sizes = ", ".join(f"{2 * n * head_dim} ({Fraction(n, n_heads)} of MHA's)" for n in counts)
     return Diagram(fig, f"{n_heads} query heads reading {', '.join(map(str, counts))} key/value heads "
                         f"(MHA, GQA, MQA): query head i reads key/value head i // (n_heads / "
@@ -355,35 +340,35 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     W, H = PAGE_WIDTH, n_rows * pitch + gap * (n_kv_heads - 1) + 1.55
     top = H - 0.75
     bh = 0.8 * pitch
-    colors = [_TAB[i] for i in (0, 3, 2, 1, 4, 5, 6, 8, 9)]
-    fig, ax = _canvas(W, H)
+    colors = [draw.TAB[i] for i in (0, 3, 2, 1, 4, 5, 6, 8, 9)]
+    fig, ax = draw.canvas(W, H)
     x_q, x_s, x_k, x_v, qw, kvw = 0.72, 3.3, 4.85, 6.0, 1.3, 0.95
     y_h = H - 0.35
-    _text(ax, x_q, y_h, f"q: (B, H, L, hd)\nH = {n_heads}, L = {L}", ha="center",
-          family=MONO, size=8)
-    _text(ax, (x_q + x_s) / 2, top - 0.1, f"reshape, g = {g}\n"
-          f"{'a view, no copy' if is_view else 'a copy'}", ha="center", va="bottom", size=8)
-    _text(ax, x_s, y_h, f"(B, H_kv, g·L, hd)\n= (B, {n_kv_heads}, {g * L}, hd)", ha="center",
-          family=MONO, size=8)
-    _text(ax, (x_k + x_v) / 2, y_h, "keys and values\n(B, H_kv, S, hd)", ha="center", size=8)
+    draw.text(ax, x_q, y_h, f"q: (B, H, L, hd)\nH = {n_heads}, L = {L}", ha="center",
+              family=MONO, size=8)
+    draw.text(ax, (x_q + x_s) / 2, top - 0.1, f"reshape, g = {g}\n"
+              f"{'a view, no copy' if is_view else 'a copy'}", ha="center", va="bottom", size=8)
+    draw.text(ax, x_s, y_h, f"(B, H_kv, g·L, hd)\n= (B, {n_kv_heads}, {g * L}, hd)", ha="center",
+              family=MONO, size=8)
+    draw.text(ax, (x_k + x_v) / 2, y_h, "keys and values\n(B, H_kv, S, hd)", ha="center", size=8)
     y_left = {r: top - pitch * (r + 0.5) for r in range(n_rows)}
     for j, group in enumerate(rows):
         color = colors[j % len(colors)]
         y0 = top - j * (g * L * pitch + gap)
         ys = [y0 - pitch * (i + 0.5) for i in range(len(group))]
         for r, y in zip(group, ys, strict=True):
-            _box(ax, x_q, y_left[r], qw, bh, name(r), color, size=8)
-            _box(ax, x_s, y, qw, bh, name(r), color, size=8, gid=f"row{j}-{r}")
+            draw.box(ax, x_q, y_left[r], qw, bh, name(r), color, size=8)
+            draw.box(ax, x_s, y, qw, bh, name(r), color, size=8, gid=f"row{j}-{r}")
             ax.plot([x_q + qw / 2, x_s - qw / 2], [y_left[r], y], color=color, lw=0.8)
         mid, span = (ys[0] + ys[-1]) / 2, ys[0] - ys[-1] + bh
-        _box(ax, x_k, mid, kvw, span, f"key\nhead {j}", color, size=8, gid=f"k{j}")
-        _box(ax, x_v, mid, kvw, span, f"value\nhead {j}", color, size=8)
-        _arrow(ax, (x_s + qw / 2 + 0.04, mid), (x_k - kvw / 2 - 0.04, mid), color)
+        draw.box(ax, x_k, mid, kvw, span, f"key\nhead {j}", color, size=8, gid=f"k{j}")
+        draw.box(ax, x_v, mid, kvw, span, f"value\nhead {j}", color, size=8)
+        draw.arrow(ax, (x_s + qw / 2 + 0.04, mid), (x_k - kvw / 2 - 0.04, mid), color)
     groups = f"{n_kv_heads} group{'s' if n_kv_heads > 1 else ''}"
-    _text(ax, W / 2, 0.38, f"{n_kv_heads} product{'s' if n_kv_heads > 1 else ''} of "
-          f"({g * L} × hd)·(hd × S), one per key/value head: the {g * L} query rows of a group\n"
-          f"meet their keys and values in one matrix-matrix product, where head by head it "
-          f"takes {g} matrix-vector products.", ha="center", size=8)
+    draw.text(ax, W / 2, 0.38, f"{n_kv_heads} product{'s' if n_kv_heads > 1 else ''} of "
+              f"({g * L} × hd)·(hd × S), one per key/value head: the {g * L} query rows of a group\n"
+              f"meet their keys and values in one matrix-matrix product, where head by head it "
+              f"takes {g} matrix-vector products.", ha="center", size=8)
     return Diagram(fig, f"The {n_heads} query heads ({L} token{'s' if L > 1 else ''} each) are "
                         f"regrouped into {groups} of {g * L} rows, "
                         f"from (B, H, L, hd) to (B, {n_kv_heads}, {g * L}, hd), "

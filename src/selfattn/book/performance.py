@@ -22,8 +22,9 @@ from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..tiled import tiled_attention
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
-from .kit.draw import GREY, MONO, OUT, Diagram, Q, _arrow, _canvas, _text, _tint
+from .kit.draw import GREY, MONO, OUT, Diagram, Q
 from .kit.measure import (
     attention_flops,
     compare,
@@ -444,7 +445,7 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
         t_h = t_w = min(t_h, t_w)
     grid_h = L / block_size * t_h
     W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.7)  # room for the text column beside the grid
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     x0, y_top = 0.45, min(H - 0.45, H - 0.8 + grid_h / 2)  # room for the rotated label beside it
     skipped = 0
     for a in range(nq):
@@ -454,7 +455,7 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
             x, y = x0 + b * t_w, y_top - a * t_h
             visible = bool(part.any())
             skipped += not visible
-            color = _tint(Q, 0.3) if a == qb and visible else "white" if visible else "#d9d9d9"
+            color = draw.tint(Q, 0.3) if a == qb and visible else "white" if visible else "#d9d9d9"
             ax.add_patch(FancyBboxPatch((x + 0.015, y - th + 0.015), tw - 0.03, th - 0.03, facecolor=color,
                                         boxstyle="round,pad=0,rounding_size=0.03", edgecolor=GREY,
                                         lw=0.8, gid=f"tile{a}-{b}" + ("" if visible else " skipped")))
@@ -465,15 +466,15 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
                 for i, c in enumerate(first):  # a staircase down the first masked column of each row
                     pts += [(x + tw * c / n_c, y - th * i / n_r), (x + tw * c / n_c, y - th * (i + 1) / n_r)]
                 ax.add_patch(Polygon([*pts, (x + tw, y - th)], facecolor="#d9d9d9", edgecolor="none"))
-    _text(ax, x0 + S / block_size * t_w / 2, y_top + 0.18, f"keys (S = {S})", ha="center")
-    _text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {L})", ha="center", rotation=90)
+    draw.text(ax, x0 + S / block_size * t_w / 2, y_top + 0.18, f"keys (S = {S})", ha="center")
+    draw.text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {L})", ha="center", rotation=90)
     y_row = y_top - (qb + 0.5) * t_h
     last = max(b for b in range(nk) if keep[qb * block_size:(qb + 1) * block_size,
                                             b * block_size:(b + 1) * block_size].any())
-    _arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
-           OUT, lw=1.8)
+    draw.arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
+               OUT, lw=1.8)
     if t_h >= 0.3 and (last + 1) * t_w >= 0.45:  # room for a label over the arrow
-        _text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
+        draw.text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
     x_t = x0 + nk * t_w + 0.35
     rows = f"{qb * block_size}–{min((qb + 1) * block_size, L) - 1}"
     lines = [(f"block_size = {block_size}: {nq} × {nk} tiles", {})]
@@ -492,7 +493,7 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
     y = H - 0.3
     for text, kw in lines:
         line_h = 0.165 if kw.get("family") == MONO else 0.21  # inches per line of 8.5 or 9 pt
-        _text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
+        draw.text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
         y -= line_h * (text.count("\n") + 1) + 0.17
     mask = f"; the causal mask hides {skipped} of them entirely, and they are skipped" if causal else ""
     return Diagram(fig, f"The {L} × {S} score matrix cut into {nq} × {nk} tiles of {block_size}{mask}. "

@@ -11,8 +11,9 @@ from matplotlib.patches import Arc, Circle
 from torch import Tensor
 
 from ..positional import alibi_slopes, apply_rope, sinusoidal_encoding
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
-from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q, _tint
+from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q
 from .kit.train import Sequences
 from .kit.viz import PAGE_WIDTH
 
@@ -154,7 +155,7 @@ def rope_rotation(position: int = 3, theta: float = 1.0, x: tuple[float, float] 
     ax.text(lim, -0.09 * r, "$x_1$", fontsize=10, color=INK, ha="right", va="top")
     ax.text(-0.09 * r, lim, "$x_2$", fontsize=10, color=INK, ha="right", va="top")
     for k, (px, py) in enumerate(points):
-        color = Q if k == position else _tint(Q, 0.55)
+        color = Q if k == position else draw.tint(Q, 0.55)
         ax.annotate("", xy=(px, py), xytext=(0, 0), arrowprops={
             "arrowstyle": "-|>,head_length=0.5,head_width=0.25", "color": color, "lw": 1.4,
             "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})

@@ -27,8 +27,9 @@ from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
 from ..multihead import MultiHeadAttention
 from ..scoring import AdditiveScorer
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _first_match, _number, _tensor
-from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V, _arrow, _box, _canvas, _shape, _text
+from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters
 from .kit.viz import PAGE_WIDTH
 
@@ -46,12 +47,12 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     cw = min((W - x0 - 0.05) / n, 1.1)  # a column per token
     y_tok, y_a, y_kv, y_bus, y_s, y_soft, y_w, y_b = 0.2, 0.55, 1.35, 1.8, 2.2, 2.7, 3.2, 3.85
     bh, bw, vw = 0.3, min(0.45, 0.45 * cw), min(0.4, 0.33 * cw)  # widths: key and scores, value
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     for y, caption in [(y_a, "inputs $a^i$"), (y_kv, "$q^1 = a^1 W^q$\n$k^i = a^i W^k$, $v^i = a^i W^v$"),
                        (y_s, r"scores $\alpha_{1,i}$" "\n" r"$= q^1\cdot k^i / \sqrt{d_k}$"),
                        (y_soft, "softmax over $i$"), (y_w, r"weights $\alpha'_{1,i}$, times $v^i$"),
                        (y_b, "output")]:
-        _text(ax, 0.05, y, caption, size=10, linespacing=1.5)
+        draw.text(ax, 0.05, y, caption, size=10, linespacing=1.5)
     xc = [x0 + cw * (i + 0.5) for i in range(n)]
     xk = [x - 0.24 * cw for x in xc]  # the key, score and weight of token i
     xv = [x + 0.28 * cw for x in xc]  # its value, going up to the product
@@ -59,31 +60,31 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     top = bh / 2
     # the softmax couples every score: one band across all of them (the values pass over it,
     # through a gap at each value, so they do not read as going through the softmax)
-    _box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
-         fill="#eeeeee", gid="softmax band")
-    _box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
-    _arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
+    draw.box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
+             fill="#eeeeee", gid="softmax band")
+    draw.box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
+    draw.arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
     ax.plot([x_q, x_q, xk[-1] - 0.08], [y_kv + top, y_bus, y_bus], color=Q, lw=1.2)
     for i, (word, a, k, v) in enumerate(zip(tokens, xc, xk, xv, strict=True), start=1):
-        _text(ax, a, y_tok, word.replace("$", r"\$"), ha="center", style="italic")
-        _box(ax, a, y_a, min(0.55, 0.8 * cw), bh, f"$a^{{{i}}}$", GREY, size=10)
+        draw.text(ax, a, y_tok, word.replace("$", r"\$"), ha="center", style="italic")
+        draw.box(ax, a, y_a, min(0.55, 0.8 * cw), bh, f"$a^{{{i}}}$", GREY, size=10)
         for x, w, name, color in [(k, bw, "k", K), (v, vw, "v", V)]:
-            _box(ax, x, y_kv, w, bh, f"${name}^{{{i}}}$", color, size=10)
-            _arrow(ax, (a + (x - a) * 0.4, y_a + top), (x, y_kv - top), color)
-        _arrow(ax, (k - 0.08, y_bus), (k - 0.08, y_s - top), Q)  # q^1 reaches every score
-        _arrow(ax, (k + 0.08, y_kv + top), (k + 0.08, y_s - top), K)
-        _box(ax, k, y_s, bw, bh, rf"$\alpha_{{1,{i}}}$", INK, size=10, fill="white")
-        _arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
-        _arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
-        _box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
+            draw.box(ax, x, y_kv, w, bh, f"${name}^{{{i}}}$", color, size=10)
+            draw.arrow(ax, (a + (x - a) * 0.4, y_a + top), (x, y_kv - top), color)
+        draw.arrow(ax, (k - 0.08, y_bus), (k - 0.08, y_s - top), Q)  # q^1 reaches every score
+        draw.arrow(ax, (k + 0.08, y_kv + top), (k + 0.08, y_s - top), K)
+        draw.box(ax, k, y_s, bw, bh, rf"$\alpha_{{1,{i}}}$", INK, size=10, fill="white")
+        draw.arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
+        draw.arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
+        draw.box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
         ax.plot([v, v], [y_soft - 0.13, y_soft + 0.13], color="white", lw=6, zorder=2.9,
                 gid="gap")  # the gap in the softmax band where v^i crosses it
         ax.plot([v, v], [y_kv + top, y_w - 0.09], color=V, lw=1.2, zorder=3)  # v^i up to the product
         ax.add_patch(Circle((v, y_w), 0.09, facecolor="white", edgecolor=INK, lw=1, zorder=3))
-        _text(ax, v, y_w, "×", ha="center", zorder=4)
-        _arrow(ax, (k + bw / 2, y_w), (v - 0.09, y_w), INK)
-        _arrow(ax, (v, y_w + 0.09), (x_b + (v - x_b) * 0.3, y_b - 0.2), OUT)
-    _box(ax, x_b, y_b, 1.9, 0.4, r"$b^1 = \sum_i \alpha'_{1,i}\, v^i$", OUT, size=11)
+        draw.text(ax, v, y_w, "×", ha="center", zorder=4)
+        draw.arrow(ax, (k + bw / 2, y_w), (v - 0.09, y_w), INK)
+        draw.arrow(ax, (v, y_w + 0.09), (x_b + (v - x_b) * 0.3, y_b - 0.2), OUT)
+    draw.box(ax, x_b, y_b, 1.9, 0.4, r"$b^1 = \sum_i \alpha'_{1,i}\, v^i$", OUT, size=11)
     words = " ".join(tokens)
     return Diagram(fig, f"How self-attention computes the first output b^1 for the {n} tokens "
                         f"'{words}': the query q^1 of the first token is scored against the key k^i of "
@@ -95,14 +96,14 @@ def _matrix(ax: Axes, x: float, y: float, rows: int, cols: int, name: str, color
             above: str | None = None) -> tuple[float, float]:
     """A matrix as a box sized by its shape (log scale), name above, shape below; returns (w, h)."""
     w, h = _side(cols), _side(rows)
-    _box(ax, x, y, w, h, name, color, size=10)
+    draw.box(ax, x, y, w, h, name, color, size=10)
     if rows <= 16:  # one faint line per row: one row per token
         for r in range(1, rows):
             ax.plot([x - w / 2 + 0.03, x + w / 2 - 0.03], [y - h / 2 + r * h / rows] * 2,
                     color=color, lw=0.4, alpha=0.5)
-    _text(ax, x, y - h / 2 - 0.14, _shape(rows, cols), size=8.5, ha="center")
+    draw.text(ax, x, y - h / 2 - 0.14, draw.shape(rows, cols), size=8.5, ha="center")
     if above:
-        _text(ax, x, y + h / 2 + 0.16, above, ha="center", size=10)
+        draw.text(ax, x, y + h / 2 + 0.16, above, ha="center", size=10)
     return w, h
 
 
@@ -116,12 +117,12 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
     $B = A'V$ (Vaswani et al. 2017, eq. 1). Boxes grow with the log of each dimension."""
     hn = _side(n)
     W, H = PAGE_WIDTH, 3 * hn + 2 * 0.62 + 0.8
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     rows = [H - 0.45 - hn / 2 - i * (hn + 0.62) for i in range(3)]  # Q, K, V
     y_a, y_s = rows[1], (rows[0] + rows[1]) / 2
     x = max(0.1 + _side(d_model) / 2, 0.45)
     _matrix(ax, x, y_a, n, d_model, "$A$", GREY, above="inputs")
-    gap = max(0.9, 0.2 + 0.065 * len(_shape(d_model, max(d_k, d_v))))  # room for "(d_model, d_k)"
+    gap = max(0.9, 0.2 + 0.065 * len(draw.shape(d_model, max(d_k, d_v))))  # room for "(d_model, d_k)"
     x_qkv = x + _side(d_model) / 2 + 0.2 + gap + max(_side(d_k), _side(d_v)) / 2
     x_bus = x + _side(d_model) / 2 + 0.2  # A goes to a bus, the bus to Q, K and V
     ax.plot([x + _side(d_model) / 2, x_bus], [y_a] * 2, color=INK, lw=1)
@@ -129,24 +130,24 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
     for y, name, w_name, d, color in [(rows[0], "Q", "q", d_k, Q), (rows[1], "K", "k", d_k, K),
                                       (rows[2], "V", "v", d_v, V)]:
         _matrix(ax, x_qkv, y, n, d, f"${name}$", color)
-        _arrow(ax, (x_bus, y), (x_qkv - _side(d) / 2 - 0.03, y), color)
+        draw.arrow(ax, (x_bus, y), (x_qkv - _side(d) / 2 - 0.03, y), color)
         x_w = (x_bus + x_qkv - _side(d) / 2) / 2  # the weight: its name above the arrow, its shape below
-        _text(ax, x_w, y + 0.15, f"$\\times W^{w_name}$", size=10, ha="center")
-        _text(ax, x_w, y - 0.13, _shape(d_model, d), size=8.5, ha="center")
+        draw.text(ax, x_w, y + 0.15, f"$\\times W^{w_name}$", size=10, ha="center")
+        draw.text(ax, x_w, y - 0.13, draw.shape(d_model, d), size=8.5, ha="center")
     x_s = x_qkv + max(_side(d_k), _side(d_v)) / 2 + 0.7 + hn / 2
     _matrix(ax, x_s, y_s, n, n, r"$S$", INK)  # its name starts at its left edge, clear of the arrows
-    _text(ax, x_s - hn / 2 - 0.05, y_s + hn / 2 + 0.16, r"$S = QK^\top/\sqrt{d_k}$", size=10)
+    draw.text(ax, x_s - hn / 2 - 0.05, y_s + hn / 2 + 0.16, r"$S = QK^\top/\sqrt{d_k}$", size=10)
     for y, color in [(rows[0], Q), (rows[1], K)]:
-        _arrow(ax, (x_qkv + _side(d_k) / 2 + 0.05, y), (x_s - hn / 2 - 0.05, y_s), color)
+        draw.arrow(ax, (x_qkv + _side(d_k) / 2 + 0.05, y), (x_s - hn / 2 - 0.05, y_s), color)
     x_p = x_s + max(hn + 0.8, 1.45)
     _matrix(ax, x_p, y_s, n, n, "$A'$", INK, above="$A' = $ softmax($S$)")
-    _arrow(ax, (x_s + hn / 2 + 0.05, y_s), (x_p - hn / 2 - 0.05, y_s))
-    _text(ax, (x_s + x_p) / 2, y_s - 0.15, "by rows", size=8.5, ha="center")
+    draw.arrow(ax, (x_s + hn / 2 + 0.05, y_s), (x_p - hn / 2 - 0.05, y_s))
+    draw.text(ax, (x_s + x_p) / 2, y_s - 0.15, "by rows", size=8.5, ha="center")
     x_b = x_p + max(hn / 2 + 0.55 + _side(d_v) / 2, 1.0)
     _matrix(ax, x_b, y_s, n, d_v, "$B$", OUT, above="$B = A'V$")
-    _arrow(ax, (x_p + hn / 2 + 0.05, y_s), (x_b - _side(d_v) / 2 - 0.05, y_s))
+    draw.arrow(ax, (x_p + hn / 2 + 0.05, y_s), (x_b - _side(d_v) / 2 - 0.05, y_s))
     ax.plot([x_qkv + _side(d_v) / 2 + 0.05, x_b], [rows[2]] * 2, color=V, lw=1)
-    _arrow(ax, (x_b, rows[2]), (x_b, y_s - hn / 2 - 0.3), V)
+    draw.arrow(ax, (x_b, rows[2]), (x_b, y_s - hn / 2 - 0.3), V)
     return Diagram(fig, f"Self-attention in matrix form: the inputs A ({n}, {d_model}) times W^q, W^k "
                         f"and W^v give Q ({n}, {d_k}), K ({n}, {d_k}) and V ({n}, {d_v}); the scores "
                         f"S = QK^T / sqrt(d_k) are ({n}, {n}), softmax by rows gives A' ({n}, {n}), "

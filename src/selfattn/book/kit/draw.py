@@ -28,10 +28,10 @@ PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 p
 INK = "#222222"
 
 
-_TAB = colormaps["tab10"].colors
+TAB = colormaps["tab10"].colors
 
 
-Q, K, V, OUT, GREY = _TAB[0], _TAB[1], _TAB[2], _TAB[4], _TAB[7]
+Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]
 
 
 MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
@@ -64,7 +64,7 @@ class Diagram:
         return f"Diagram(alt={self.alt!r})"
 
 
-def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
+def canvas(width: float, height: float) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
@@ -73,39 +73,39 @@ def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def _tint(color, amount: float = 0.18) -> tuple[float, float, float]:
+def tint(color, amount: float = 0.18) -> tuple[float, float, float]:
     return tuple(1 - amount * (1 - c) for c in to_rgb(color))
 
 
-def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
+def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
          size: float = PT, family: str | None = None, fill=None, gid: str | None = None):
     """A rounded box centred at ``(x, y)``, ``w`` by ``h`` inches, with ``text`` in the middle."""
     r = min(0.06, w / 4, h / 4)
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={r}",
-                                facecolor=_tint(color) if fill is None else fill, edgecolor=color,
+                                facecolor=tint(color) if fill is None else fill, edgecolor=color,
                                 linewidth=1.1, gid=gid))
     if text:
         ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK, family=family)
 
 
-def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
+def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
            lw: float = 1.0) -> None:
     ax.annotate("", xy=end, xytext=start, arrowprops={
         "arrowstyle": "-|>,head_length=0.45,head_width=0.2", "color": color, "lw": lw,
         "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
 
 
-def _text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
+def text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
     kw.setdefault("color", INK)
     kw.setdefault("va", "center")
     ax.text(x, y, s, fontsize=size, **kw)
 
 
-def _shape(*dims: int) -> str:
+def shape(*dims: int) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ")"
 
 
-def _runs(numbers: list[int]) -> str:
+def runs(numbers: list[int]) -> str:
     """``0–3, 11–18``: sorted whole numbers as runs of consecutive ones."""
     runs: list[list[int]] = []
     for n in numbers:
@@ -116,6 +116,6 @@ def _runs(numbers: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
-def _slot_range(start: int, stop: int) -> str:
+def slot_range(start: int, stop: int) -> str:
     """``slot 3`` or ``slots 4–11``: the slots ``start`` to ``stop - 1``."""
     return f"slot {start}" if stop - start == 1 else f"slots {start}–{stop - 1}"
