@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
-from ..cache import Cache, KVCache
+from ..cache import BlockPool, Cache, KVCache, PagedKVCache, SinkCache, SlidingWindowCache
 from ..heads import merge_heads, repeat_kv, split_heads
+from ..latent import MultiHeadLatentAttention
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..positional import apply_rope
@@ -587,6 +590,102 @@ def block_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class HeadBoxes:
+    """One head's key and value boxes in :func:`latent_attention`'s explicit form: the left edge
+    and the widths (inches) of its own key part, of the shared rope part beside it (0 without
+    RoPE) and of its value, with their labels ("" where a box is too narrow for one)."""
+
+    left: float
+    key: float
+    rope: float
+    value: float
+    key_label: str
+    value_label: str
+
+
+@dataclass(frozen=True)
+class LatentLayout:
+    """What :func:`latent_attention` draws, computed without matplotlib from a
+    :class:`~selfattn.latent.MultiHeadLatentAttention` built on the meta device: its sizes, the
+    ``cached`` numbers per token (the layer's own count), each head's own key width (before the
+    rope part) and each head's boxes."""
+
+    d_model: int
+    n_heads: int
+    head_dim: int
+    kv_rank: int
+    rope_dim: int
+    cached: int
+    key_width: int
+    heads: list[HeadBoxes]
+
+    @property
+    def mha(self) -> int:
+        """What multi-head attention caches per token: a key and a value per head."""
+        return 2 * self.n_heads * self.head_dim
+
+    @property
+    def numbers(self) -> str:
+        return "number" if self.cached == 1 else "numbers"
+
+    @property
+    def cache_label(self) -> str:
+        r, dr = self.kv_rank, self.rope_dim
+        return f"{r} + {dr} = {self.cached} {self.numbers}" if dr else f"{r} {self.numbers}"
+
+    @property
+    def cost_label(self) -> str:
+        return (f"cache per token and layer: {self.cached} {self.numbers}; MHA's: 2 × {self.n_heads} × "
+                f"{self.head_dim} = {self.mha}; {Fraction(self.cached, self.mha)} of it")
+
+    @property
+    def per_head_label(self) -> str:
+        dr = self.rope_dim
+        key = f"key {self.key_width} + {dr} (k^R, shared)" if dr else f"key {self.key_width}"
+        return (f"per head: {key},\n          value {self.head_dim}, query {self.head_dim + dr};\n"
+                "built from every cached latent")
+
+    @property
+    def alt(self) -> str:
+        h, hd, r, dr = self.n_heads, self.head_dim, self.kv_rank, self.rope_dim
+        rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
+                " (no rope key: rope_dim is 0)")
+        return (f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden state "
+                f"of {self.d_model} numbers gives one latent c of {r} numbers{rope}; the KV cache holds "
+                f"these {self.cached} numbers per token, where multi-head attention holds 2 × {h} × "
+                f"{hd} = {self.mha}. The explicit form up-projects every cached latent with W^UK and "
+                f"W^UV into each head's key and value; the absorbed form, for decoding, folds W^UK "
+                f"into the query and W^UV into the output projection, so each head scores and sums "
+                f"the latents themselves.")
+
+
+_HEADS_FROM, _HEADS_TO = 4.25, PAGE_WIDTH - 0.1  # inches: the explicit form's heads, left to right
+
+
+def latent_layout(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
+                  d_model: int | None = None) -> LatentLayout:
+    """:func:`latent_attention`'s layout: the sizes and the cache count of the layer these
+    arguments build, and each head's key and value boxes."""
+    d_model = n_heads * head_dim if d_model is None else d_model
+    with torch.device("meta"):  # the sizes and names only: no weights are allocated
+        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
+    h, hd, dr = layer.n_heads, layer.head_dim, layer.rope_dim
+    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
+    pitch = (_HEADS_TO - _HEADS_FROM) / h
+    bw = min(0.85 * pitch, 0.6)
+    key = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    value = bw * hd / (k_width + dr)
+
+    def label(name: str, width: float) -> str:
+        return name if width >= 0.05 * len(name) + 0.04 else ""
+
+    heads = [HeadBoxes(_HEADS_FROM + pitch * i + (pitch - bw) / 2, key, bw - key if dr else 0.0, value,
+                       label(f"k{i}", key), label(f"v{i}", value)) for i in range(h)]
+    return LatentLayout(layer.d_model, h, hd, layer.kv_rank, dr, layer.cache_numbers_per_token(),
+                        k_width, heads)
+
+
 def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
                      d_model: int | None = None) -> Diagram:
     r"""Multi-head latent attention (DeepSeek-V2, §2.1): what a token leaves in the cache and the
@@ -598,110 +697,98 @@ def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, r
     the query and $W^{UV}$ into the output projection, and the heads attend to the latents
     themselves (§2.1.2). Sizes, names and the cache count come from a
     :class:`~selfattn.latent.MultiHeadLatentAttention` built with these arguments
-    (``d_model`` defaults to ``n_heads * head_dim``)."""
-    from ..latent import MultiHeadLatentAttention
+    (``d_model`` defaults to ``n_heads * head_dim``; :func:`latent_layout`)."""
+    layout = latent_layout(n_heads, head_dim, kv_rank, rope_dim, d_model)
+    fig, ax = draw.canvas(PAGE_WIDTH, _LATENT_H)
+    _draw_latent_cache(ax, layout)
+    _draw_explicit(ax, layout)
+    _draw_absorbed(ax, layout)
+    draw.text(ax, 0.1, 0.17, layout.cost_label, size=8, family=MONO)
+    return Diagram(fig, layout.alt)
 
-    d_model = n_heads * head_dim if d_model is None else d_model
-    with torch.device("meta"):  # the sizes and names only: no weights are allocated
-        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
-    h, hd, r, dr = layer.n_heads, layer.head_dim, layer.kv_rank, layer.rope_dim
-    cached, mha = layer.cache_numbers_per_token(), 2 * h * hd
-    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
-    W, H = PAGE_WIDTH, 4.9
-    ROPE, CACHE = draw.TAB[5], draw.TAB[3]
-    fig, ax = draw.canvas(W, H)
-    mono = {"family": MONO, "size": 8}
-    draw.text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
-    # the token: its hidden state
+
+_ROPE, _CACHE = draw.TAB[5], draw.TAB[3]
+_LATENT_H = 4.9  # the figure's height, inches
+_LATENT_X, _LATENT_W, _LATENT_Y, _ROPE_Y = 2.22, 1.45, 3.15, 1.95  # the cache column, inches
+_MONO8 = {"family": MONO, "size": 8}
+
+
+def _draw_latent_cache(ax: Axes, layout: LatentLayout) -> None:
+    """The token's hidden state, and the cache: the latent and the shared rope key, all a token
+    leaves behind."""
+    x_c, cw, y_c, y_r = _LATENT_X, _LATENT_W, _LATENT_Y, _ROPE_Y
+    r, dr = layout.kv_rank, layout.rope_dim
+    draw.text(ax, 0.1, _LATENT_H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
     x_h, y_h = 0.55, 2.55
     draw.text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
-    draw.box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
-    # the cache: the latent and the shared rope key, all a token leaves behind
-    x_c, cw, y_c, y_r = 2.22, 1.45, 3.15, 1.95
+    draw.box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layout.d_model},)", GREY, size=8.5, family=MONO)
     ax.add_patch(FancyBboxPatch((x_c - cw / 2 - 0.08, y_r - 0.4), cw + 0.16, y_c - y_r + 0.82,
-                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=draw.tint(CACHE, 0.08),
-                                edgecolor=CACHE, linewidth=1.0, linestyle="--", gid="cache"))
+                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=draw.tint(_CACHE, 0.08),
+                                edgecolor=_CACHE, linewidth=1.0, linestyle="--", gid="cache"))
     draw.text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
-    draw.box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
+    draw.box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", _CACHE, size=8, family=MONO, gid="latent")
     ax.patches[-1].set_linewidth(2.0)  # the latent: the one thing every head shares
     if dr:
-        draw.box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
+        draw.box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", _ROPE, size=8, family=MONO,
                  gid="rope key")
     else:
         draw.text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
-    numbers = "number" if cached == 1 else "numbers"
-    draw.text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
-              ha="center", **mono)
+    draw.text(ax, x_c, y_r - 0.55, layout.cache_label, ha="center", **_MONO8)
     draw.arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
     if dr:
         draw.arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
-    # explicit: every cached latent up-projected to every head's key and value
+
+
+def _draw_explicit(ax: Axes, layout: LatentLayout) -> None:
+    """The explicit form: every cached latent up-projected to every head's key and value."""
     x0 = 3.2  # the right half starts here
-    draw.text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
-    y_k, y_v = 4.15, 3.6
-    x_lab, x1, x2 = x0 + 0.05, 4.25, W - 0.1  # the labels, then the heads from x1 to x2
-    pitch = (x2 - x1) / h
-    bw = min(0.85 * pitch, 0.6)
-    content = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    draw.text(ax, x0, _LATENT_H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
+    y_k, y_v, x_lab = 4.15, 3.6, x0 + 0.05
     for y, name, color, label in [(y_k, "k_up", K, r"$W^{UK}$"), (y_v, "v_up", V, r"$W^{UV}$")]:
-        draw.text(ax, x_lab, y, name, **mono)
+        draw.text(ax, x_lab, y, name, **_MONO8)
         draw.text(ax, x_lab + 0.4, y, label, size=10)
-        draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
-        for i in range(h):
-            left = x1 + pitch * i + (pitch - bw) / 2
-            width = content if name == "k_up" else bw * hd / (k_width + dr)
-            label = f"{name[0]}{i}" if width >= 0.05 * len(f"{name[0]}{i}") + 0.04 else ""
-            draw.box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
+        draw.arrow(ax, (_LATENT_X + _LATENT_W / 2 + 0.02, _LATENT_Y + 0.1), (x_lab - 0.04, y), _CACHE)
+        for i, head in enumerate(layout.heads):
+            width, text = (head.key, head.key_label) if name == "k_up" else (head.value, head.value_label)
+            draw.box(ax, head.left + width / 2, y, width, 0.28, text, color, size=8, family=MONO,
                      gid=f"{name[0]}{i}")
-            if name == "k_up" and dr:
-                draw.box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
+            if name == "k_up" and head.rope:
+                draw.box(ax, head.left + head.key + head.rope / 2, y, head.rope, 0.28, "", _ROPE,
                          gid=f"rope{i}")
-    key = f"key {k_width} + {dr} (k^R, shared)" if dr else f"key {k_width}"
-    draw.text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
-              "built from every cached latent", va="top", linespacing=1.3, **mono)
-    # absorbed: the heads attend to the latents themselves
-    draw.text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
+    draw.text(ax, x_lab, y_v - 0.3, layout.per_head_label, va="top", linespacing=1.3, **_MONO8)
+
+
+def _draw_absorbed(ax: Axes, layout: LatentLayout) -> None:
+    """The absorbed form (decoding): the heads attend to the latents themselves."""
+    draw.text(ax, 3.2, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
     y_s, y_o = 1.85, 0.95
-    xb, xa, bw2 = 4.05, 5.9, 1.55
-    rope_score = r" + q_i^{R\top} k^R_j" if dr else ""
-    draw.box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
+    xb, xa, bw = 4.05, 5.9, 1.55
+    x_c = _LATENT_X + _LATENT_W / 2 + 0.02  # the cache's right edge
+    rope_score = r" + q_i^{R\top} k^R_j" if layout.rope_dim else ""
+    draw.box(ax, xb, y_s, bw, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
              size=10, gid="scores")
-    draw.box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
+    draw.box(ax, xa, y_s, bw, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
              Q, size=10, gid="query")
-    draw.box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
-             gid="weighted latents")
-    draw.box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
-             gid="output")
-    draw.arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
+    draw.box(ax, xb, y_o, bw, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", _CACHE,
+             size=10, gid="weighted latents")
+    draw.box(ax, xa, y_o, bw, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT,
+             size=10, gid="output")
+    draw.arrow(ax, (xa - bw / 2 - 0.02, y_s), (xb + bw / 2 + 0.02, y_s), Q)
     draw.arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
-    draw.arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
-    draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
-    draw.arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
-    if dr:
-        draw.arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
-    draw.text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
-    # what the cache costs, against multi-head attention
-    share = Fraction(cached, mha)
-    draw.text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
-              f"{mha}; {share} of it", size=8, family=MONO)
-    alt_rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
-                " (no rope key: rope_dim is 0)")
-    return Diagram(fig, f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden "
-                        f"state of {layer.d_model} numbers gives one latent c of {r} numbers{alt_rope}; "
-                        f"the KV cache holds these {cached} numbers per token, where multi-head "
-                        f"attention holds 2 × {h} × {hd} = {mha}. The explicit form up-projects every "
-                        f"cached latent with W^UK and W^UV into each head's key and value; the absorbed "
-                        f"form, for decoding, folds W^UK into the query and W^UV into the output "
-                        f"projection, so each head scores and sums the latents themselves.")
+    draw.arrow(ax, (xb + bw / 2 + 0.02, y_o), (xa - bw / 2 - 0.02, y_o), OUT)
+    draw.arrow(ax, (x_c, _LATENT_Y - 0.15), (xb - bw / 2 - 0.02, y_s + 0.15), _CACHE)
+    draw.arrow(ax, (x_c, _LATENT_Y - 0.25), (xb - bw / 2 - 0.02, y_o + 0.1), _CACHE)
+    if layout.rope_dim:
+        draw.arrow(ax, (x_c, _ROPE_Y), (xb - bw / 2 - 0.02, y_s - 0.1), _ROPE)
+    draw.text(ax, xa, y_o - 0.45, f"z_i: ({layout.kv_rank},) per head", ha="center", **_MONO8)
 
 
-def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[object, list]:
+def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int
+               ) -> tuple[BlockPool, list[PagedKVCache]]:
     """A :class:`~selfattn.cache.BlockPool` and one :class:`~selfattn.cache.PagedKVCache` per
     request, decoded side by side: every step, each unfinished request appends one token, whose key
     holds its position and whose value its request's index (one head of width 1). The pool starts
     as NaN, so a slot no token was written to reads as empty."""
-    from ..cache import BlockPool, PagedKVCache
-
     pool = BlockPool(n_blocks, block_size, 1, 1, dtype=torch.float64)
     pool.k.fill_(math.nan)
     pool.v.fill_(math.nan)
@@ -712,6 +799,126 @@ def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[
                 cache.append(torch.full((1, 1, 1, 1), float(step), dtype=torch.float64),
                              torch.full((1, 1, 1, 1), float(r), dtype=torch.float64))
     return pool, caches
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of :func:`paged_block_table`: its left edge (inches), the request it belongs to
+    (an index into the names, None for a free block) and the position each slot holds (None:
+    allocated, no token yet)."""
+
+    x: float
+    request: int | None
+    slots: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """What :func:`paged_block_table` draws, computed from a real pool without matplotlib: each
+    request's ``block_tables`` and ``logical`` blocks (their headers centred at ``header_x``),
+    the pool's ``physical`` blocks by number, the ``free`` list, each request's ``unused`` slots,
+    a block's ``width`` (inches) and whether each slot is wide enough to hold its number."""
+
+    lengths: list[int]
+    block_size: int
+    names: str
+    block_tables: list[list[int]]
+    logical: list[list[Block]]
+    header_x: list[float]
+    physical: list[Block]
+    free: list[int]
+    unused: list[int]
+    width: float
+    labelled: bool
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Each request's name and token count, and its block table, as printed above it."""
+        return [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+                for name, n, table in zip(self.names, self.lengths, self.block_tables, strict=True)]
+
+    @property
+    def alt(self) -> str:
+        maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
+                         for name, n, table in zip(self.names, self.lengths, self.block_tables,
+                                                   strict=True))
+        n, total = len(self.lengths), sum(map(len, self.block_tables)) * self.block_size
+        return (f"PagedAttention: {n} request{'s' if n > 1 else ''} decoded side by side store their "
+                f"keys and values in blocks of {self.block_size} tokens taken from one shared pool "
+                f"of {len(self.physical)} physical blocks; {maps}. Each request's logical blocks map "
+                f"onto physical blocks that need not be adjacent; only each request's last block is "
+                f"partly filled ({sum(self.unused)} unused slots of {total}), and blocks "
+                f"{self.free} are free.")
+
+
+_PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP = 0.1, 0.06, 0.3  # inches: the sides, between blocks, requests
+
+
+def paged_layout(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
+                 n_blocks: int | None = None) -> PagedLayout:
+    """:func:`paged_block_table`'s layout: the requests decoded through a real pool
+    (:func:`_paged_run`), the tables and every slot read back from it, and where each block goes
+    on a page ``PAGE_WIDTH`` wide."""
+    lengths = list(lengths)
+    needed = sum(math.ceil(n / block_size) for n in lengths)
+    n_blocks = needed + 2 if n_blocks is None else n_blocks
+    pool, caches = _paged_run(lengths, block_size, n_blocks)
+    tables = [list(c.block_table) for c in caches]
+    names = "ABCD"[:len(lengths)]
+    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+               for name, n, table in zip(names, lengths, tables, strict=True)]
+    bw, groups = _block_width(tables, headers, n_blocks)
+    physical = _physical_blocks(pool, tables, bw)
+    # each request's logical blocks under its header, the requests side by side, centred
+    margin, gap_b, gap_r = _PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP
+    x = margin + (PAGE_WIDTH - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
+    logical, header_x = [], []
+    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
+        mid = x + group / 2
+        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
+        positions = [range(j * block_size, (j + 1) * block_size) for j in range(len(table))]
+        logical.append([Block(left + j * (bw + gap_b), r, tuple(p if p < n else None for p in span))
+                        for j, span in enumerate(positions)])
+        header_x.append(mid)
+        x += group + gap_r
+    slot_bytes = pool.bytes_per_block // block_size
+    return PagedLayout(lengths, block_size, names, tables, logical, header_x, physical,
+                       list(pool.free_blocks),
+                       [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches], bw,
+                       labelled=bw / block_size >= 0.16)  # room for a two-digit position in a slot
+
+
+def _block_width(tables: list[list[int]], headers: list[tuple[str, str]], n_blocks: int
+                 ) -> tuple[float, list[float]]:
+    """A block's width (inches) and the width of each request's group (its blocks, or its header
+    where that is wider): as wide as the pool's blocks allow, narrower until the requests fit
+    side by side."""
+    W, margin, gap_b, gap_r = PAGE_WIDTH, _PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP
+    widths = [max(0.075 * len(top), 0.067 * len(table)) + 0.1 for top, table in headers]
+    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)
+    while True:
+        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, w) for t, w in zip(tables, widths, strict=True)]
+        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
+            return bw, groups
+        bw -= 0.02
+
+
+def _physical_blocks(pool: BlockPool, tables: list[list[int]], bw: float) -> list[Block]:
+    """The pool's blocks, left to right by number and centred, each slot read back from the
+    pool: the position its key holds, the request its value names."""
+    W, margin, n_blocks = PAGE_WIDTH, _PAGE_MARGIN, pool.n_blocks
+    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
+    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
+    owner = {b: r for r, table in enumerate(tables) for b in table}
+    pitch = min((W - 2 * margin - bw) / max(n_blocks - 1, 1), bw + 0.3)
+    shift = (W - (margin + (n_blocks - 1) * pitch + bw) - margin) / 2
+    blocks = []
+    for b in range(n_blocks):
+        r = owner.get(b)
+        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
+        blocks.append(Block(margin + b * pitch + shift, r,
+                            tuple(None if math.isnan(p) else int(p) for p in stored_pos[b])))
+    return blocks
 
 
 def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
@@ -725,116 +932,80 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
     Drawn from a real pool: the requests (1 to 4, of ``lengths`` tokens) decode side by side, one
     token each per step, through :class:`~selfattn.cache.PagedKVCache`, so their blocks interleave
     in the pool. The tables, the token in every physical slot (read back from the pool's ``k``),
-    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own.
-    ``n_blocks`` defaults to the blocks the requests need plus two free ones."""
-    lengths = list(lengths)
-    needed = sum(math.ceil(n / block_size) for n in lengths)
-    n_blocks = needed + 2 if n_blocks is None else n_blocks
-    pool, caches = _paged_run(lengths, block_size, n_blocks)
-    tables = [list(c.block_table) for c in caches]
-    names = "ABCD"[:len(lengths)]
-    colors = [Q, K, V, OUT]
-    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
-    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
-    owner = {b: r for r, table in enumerate(tables) for b in table}
-    slot_bytes = pool.bytes_per_block // block_size
-    unused = [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches]
-    W, H = PAGE_WIDTH, 4.1
+    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own
+    (:func:`paged_layout`). ``n_blocks`` defaults to the blocks the requests need plus two free
+    ones."""
+    layout = paged_layout(lengths, block_size, n_blocks)
+    return Diagram(_draw_paged(layout), layout.alt)
+
+
+_REQUEST_COLORS, _SLOT_HEIGHT = (Q, K, V, OUT), 0.3
+
+
+def _draw_block(ax: Axes, block: Block, y: float, width: float, labelled: bool, gid: str,
+                text_gid: str) -> None:
+    """A block of slots, left edge at ``block.x``: a filled slot tinted and numbered (where
+    ``labelled``), an empty one hatched (room allocated, not used) or, in a free block, blank."""
+    h, cw = _SLOT_HEIGHT, width / len(block.slots)
+    color = GREY if block.request is None else _REQUEST_COLORS[block.request]
+    ax.add_patch(FancyBboxPatch((block.x, y - h / 2), width, h, boxstyle="round,pad=0,rounding_size=0.04",
+                                facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
+    for s, p in enumerate(block.slots):
+        full = p is not None
+        slot = FancyBboxPatch((block.x + s * cw + 0.015, y - h / 2 + 0.03), cw - 0.03, h - 0.06,
+                              boxstyle="square,pad=0", facecolor=draw.tint(color, 0.3) if full else "white",
+                              edgecolor="none", hatch=None if full or block.request is None else "////",
+                              zorder=2)
+        ax.add_patch(slot)
+        if block.request is not None and not full:
+            slot.set_edgecolor(draw.tint(color, 0.5))
+            slot.set_linewidth(0)
+        if full and labelled:
+            draw.text(ax, block.x + (s + 0.5) * cw, y, str(p), size=7.5, ha="center", zorder=3,
+                      gid=f"{text_gid}.{s}")
+
+
+def _draw_paged(layout: PagedLayout) -> Figure:
+    W, H, margin = PAGE_WIDTH, 4.1, _PAGE_MARGIN
+    bw, ch, names = layout.width, _SLOT_HEIGHT, layout.names
     fig, ax = draw.canvas(W, H)
     mono = {"family": MONO, "size": 8}
     bold = {"size": 8.5, "weight": "bold"}
-    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
-               for name, n, table in zip(names, lengths, tables, strict=True)]
-    gap_b, gap_r, margin = 0.06, 0.3, 0.1  # between blocks, between requests, at the sides
-
-    def header_width(r: int) -> float:
-        return max(0.075 * len(headers[r][0]), 0.067 * len(headers[r][1])) + 0.1
-
-    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)  # a block's width
-    while True:  # narrower blocks until the requests, each under its header, fit side by side
-        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, header_width(r)) for r, t in enumerate(tables)]
-        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
-            break
-        bw -= 0.02
-    cw = bw / block_size  # a slot's width
-    labelled = cw >= 0.16  # room for a two-digit position in each slot
-    ch = 0.3
     y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
     draw.text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
               "one shared pool", **bold)
     draw.text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
               "one token each per step, so their blocks interleave", size=8)
-
-    def block(x: float, y: float, r: int | None, cells: list[tuple[str, bool]], gid: str,
-              text_gid: str) -> None:
-        """A block of ``block_size`` slots, left edge at ``x``: each slot's label and whether a
-        token fills it (an empty slot is hatched: room allocated, not used)."""
-        color = GREY if r is None else colors[r]
-        ax.add_patch(FancyBboxPatch((x, y - ch / 2), bw, ch, boxstyle="round,pad=0,rounding_size=0.04",
-                                    facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
-        for s, (label, full) in enumerate(cells):
-            fill = draw.tint(color, 0.3) if full else "white"
-            ax.add_patch(FancyBboxPatch((x + s * cw + 0.015, y - ch / 2 + 0.03), cw - 0.03, ch - 0.06,
-                                        boxstyle="square,pad=0", facecolor=fill, edgecolor="none",
-                                        hatch=None if full or r is None else "////", zorder=2))
-            if r is not None and not full:
-                ax.patches[-1].set_edgecolor(draw.tint(color, 0.5))
-                ax.patches[-1].set_linewidth(0)
-            if label and labelled:
-                draw.text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
-                          gid=f"{text_gid}.{s}")
-
-    # the pool's physical blocks, left to right by number
-    pitch_p = (W - 2 * margin - bw) / max(n_blocks - 1, 1)
-    x_phys = [margin + b * min(pitch_p, bw + 0.3) for b in range(n_blocks)]
-    shift = (W - (x_phys[-1] + bw) - margin) / 2
-    x_phys = [x + shift for x in x_phys]
-    for b in range(n_blocks):
-        r = owner.get(b)
-        cells = [("" if math.isnan(p) else str(int(p)), not math.isnan(p)) for p in stored_pos[b]]
-        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
-        block(x_phys[b], y_phys, r, cells, f"physical {b}: " + ("free" if r is None else names[r]),
-              f"physical {b}")
-        draw.text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center",
+    for b, block in enumerate(layout.physical):
+        holder = "free" if block.request is None else names[block.request]
+        _draw_block(ax, block, y_phys, bw, layout.labelled, f"physical {b}: {holder}", f"physical {b}")
+        draw.text(ax, block.x + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center",
                   weight="bold")
-        draw.text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
-                  ha="center", color=GREY if r is None else INK)
-    draw.text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
-              f"block_size={block_size}), shared; under each, its number and the request holding it",
-              size=8)
-    # each request's logical blocks, and an arrow from each to the physical block it maps to
-    x = margin + (W - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
-    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
-        mid = x + group / 2
-        draw.text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
-        draw.text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
-        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
-        for j, b in enumerate(table):
-            xj = left + j * (bw + gap_b)
-            cells = [(str(p), True) if p < n else ("", False)
-                     for p in range(j * block_size, (j + 1) * block_size)]
-            block(xj, y_log, r, cells, f"logical {names[r]}{j} -> {b}", f"logical {names[r]}{j}")
-            draw.arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
-                       colors[r], lw=0.9)
-        x += group + gap_r
-    waste = " + ".join(str(u) for u in unused)
-    total = sum(len(t) for t in tables) * block_size
-    free = pool.free_blocks
-    draw.text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
-              f"of {total} allocated", size=8)
+        draw.text(ax, block.x + bw / 2, y_phys - ch / 2 - 0.33, holder, size=8, ha="center",
+                  color=GREY if block.request is None else INK)
+    draw.text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks="
+              f"{len(layout.physical)}, block_size={layout.block_size}), shared; under each, its number "
+              "and the request holding it", size=8)
+    for r, (blocks, table, mid) in enumerate(zip(layout.logical, layout.block_tables, layout.header_x,
+                                                 strict=True)):
+        top, table_text = layout.headers[r]
+        draw.text(ax, mid, y_head + 0.12, top, ha="center", **bold)
+        draw.text(ax, mid, y_head - 0.1, table_text, ha="center", gid=f"table {names[r]}", **mono)
+        for j, (block, b) in enumerate(zip(blocks, table, strict=True)):
+            _draw_block(ax, block, y_log, bw, layout.labelled, f"logical {names[r]}{j} -> {b}",
+                        f"logical {names[r]}{j}")
+            draw.arrow(ax, (block.x + bw / 2, y_log - ch / 2 - 0.02),
+                       (layout.physical[b].x + bw / 2, y_phys + ch / 2 + 0.03), _REQUEST_COLORS[r], lw=0.9)
+    total = sum(map(len, layout.block_tables)) * layout.block_size
+    draw.text(ax, margin, 0.38, "unused slots (hatched, only in each last block): "
+              f"{' + '.join(map(str, layout.unused))} = {sum(layout.unused)} of {total} allocated", size=8)
+    free = layout.free
     draw.text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)",
               size=8, family=MONO)
-    maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
-                     for name, n, table in zip(names, lengths, tables, strict=True))
-    return Diagram(fig, f"PagedAttention: {len(lengths)} request{'s' if len(lengths) > 1 else ''} decoded "
-                        f"side by side store their keys and values in blocks of {block_size} tokens "
-                        f"taken from one shared pool of {n_blocks} physical blocks; {maps}. Each "
-                        f"request's logical blocks map onto physical blocks that need not be adjacent; "
-                        f"only each request's last block is partly filled ({sum(unused)} unused slots "
-                        f"of {total}), and blocks {free} are free.")
+    return fig
 
 
-def _rolling_run(cache, t: int) -> tuple[list[int], int]:
+def _rolling_run(cache: SinkCache | SlidingWindowCache, t: int) -> tuple[list[int], int]:
     """Feed ``cache`` (a fresh :class:`~selfattn.cache.SinkCache` or
     :class:`~selfattn.cache.SlidingWindowCache`) ``t`` tokens one at a time, each key holding its
     own position; return the position each buffer slot holds now, read back from the cache's
@@ -845,6 +1016,75 @@ def _rolling_run(cache, t: int) -> tuple[list[int], int]:
     held = [int(p) for p in cache._k[0, 0, :, 0].tolist()]  # (n_sink + window,): its buffer, read back
     nxt = int(cache._slots(torch.tensor([t]))[0])  # where append writes position t
     return held, nxt
+
+
+@dataclass(frozen=True)
+class RollingPanel:
+    """One cache of :func:`rolling_sink_buffer` after ``t`` tokens: its ``tag`` and ``title``,
+    its ``n_sink`` sinks, the position each buffer slot holds (``held``, read back from the
+    cache) and the slot position ``t`` goes to next."""
+
+    tag: str
+    title: str
+    n_sink: int
+    held: list[int]
+    next_slot: int
+
+    def kind(self, p: int, t: int) -> str:
+        """What position ``p`` is after ``t`` tokens: ``"next"`` (``p == t``), ``"sink"``,
+        ``"kept"`` (in the window) or ``"evicted"``."""
+        return ("next" if p == t else "sink" if p < self.n_sink else "kept" if p in self.held
+                else "evicted")
+
+    def summary(self, t: int) -> str:
+        """The panel in one sentence, for the alt text."""
+        size, sinks = len(self.held), self.n_sink
+        sinks_in = f"sinks in {draw.slot_range(0, sinks)}, " if sinks else ""
+        return (f"{self.title} ({sinks_in}the last {size - sinks} rolling in "
+                f"{draw.slot_range(sinks, size)}) keeps positions {draw.runs(sorted(set(self.held)))} "
+                f"({t - len(set(self.held))} evicted); position {t} goes to slot {self.next_slot}, "
+                f"overwriting position {self.held[self.next_slot]}")
+
+
+@dataclass(frozen=True)
+class RollingLayout:
+    """What :func:`rolling_sink_buffer` draws, computed from real caches without matplotlib: the
+    ``panels`` after ``t`` tokens, and the width (inches) of a position and of a buffer slot."""
+
+    t: int
+    panels: list[RollingPanel]
+    position_width: float
+    slot_width: float
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.t} token{'s' * (self.t > 1)}"
+
+    @property
+    def alt(self) -> str:
+        sinks_stay = "The sinks stay in their slots; the" if self.panels[0].n_sink else "The"
+        return (f"Rolling key/value buffers after {self.tokens}. "
+                + ". ".join(panel.summary(self.t) for panel in self.panels)
+                + f". {sinks_stay} window's slots are overwritten in rolling order, each new token "
+                "replacing the one a window's length before it.")
+
+
+_ROLLING_X0, _ROLLING_MARGIN = 0.95, 0.1  # inches: where the rows start (after their captions), sides
+
+
+def rolling_layout(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True
+                   ) -> RollingLayout:
+    """:func:`rolling_sink_buffer`'s layout: a :class:`~selfattn.cache.SinkCache` (and, with
+    ``sliding``, a :class:`~selfattn.cache.SlidingWindowCache` of as many slots) fed ``t``
+    tokens, each slot read back (:func:`_rolling_run`)."""
+    size = n_sink + window
+    caches = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
+    if sliding:
+        caches.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
+    panels = [RollingPanel(tag, title, sinks, *_rolling_run(cache, t)) for tag, title, cache, sinks in caches]
+    room = PAGE_WIDTH - _ROLLING_X0 - _ROLLING_MARGIN
+    return RollingLayout(t, panels, position_width=min(0.3, room / (t + 1)),  # and the next one
+                         slot_width=min(0.42, room / size))
 
 
 def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True) -> Diagram:
@@ -859,82 +1099,74 @@ def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: 
 
     The slot contents are read back from the caches' buffers after ``t`` real appends (each key
     holds its position), and the next slot from the cache's own slot rule, so the picture cannot
-    disagree with the code. ``t`` is at least ``n_sink + window`` (the buffer full)."""
-    from ..cache import SinkCache, SlidingWindowCache
+    disagree with the code (:func:`rolling_layout`). ``t`` is at least ``n_sink + window`` (the
+    buffer full)."""
+    layout = rolling_layout(n_sink, window, t, sliding)
+    return Diagram(_draw_rolling(layout), layout.alt)
 
-    size = n_sink + window
-    panels = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
-    if sliding:
-        panels.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
-    SINK, KEPT, EVICTED, NEXT = OUT, Q, "#eeeeee", K
-    ph, sh, link = 0.26, 0.34, 0.62  # a position's height, a slot's height, the lines between
+
+_ROLLING_COLORS = {"sink": OUT, "kept": Q, "evicted": GREY, "next": K}
+_ROLLING_FILLS = {"next": "white", "evicted": "#eeeeee"}
+_POSITION_H, _SLOT_H, _LINK_H = 0.26, 0.34, 0.62  # a position's height, a slot's, the lines between
+
+
+def _draw_rolling(layout: RollingLayout) -> Figure:
+    t, pw, sw = layout.t, layout.position_width, layout.slot_width
+    x0, margin = _ROLLING_X0, _ROLLING_MARGIN
+    ph, sh, link = _POSITION_H, _SLOT_H, _LINK_H
     panel_h = 0.3 + ph + link + sh + 0.32
-    W, H = PAGE_WIDTH, 0.55 + len(panels) * panel_h + 0.3
+    W, H = PAGE_WIDTH, 0.55 + len(layout.panels) * panel_h + 0.3
     fig, ax = draw.canvas(W, H)
-    x0, margin = 0.95, 0.1  # the rows start after their captions
-    pw = min(0.3, (W - x0 - margin) / (t + 1))  # t positions and the next one
-    sw = min(0.42, (W - x0 - margin) / size)
-    tokens = f"{t} token{'s' * (t > 1)}"
-    draw.text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
-              size=8.5, weight="bold")
+    draw.text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {layout.tokens}: which position each "
+              "slot holds", size=8.5, weight="bold")
     draw.text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
               "Jiang et al. 2023, §2)", size=8)
-    summary = []
-    for k, (tag, title, cache, sinks) in enumerate(panels):
-        held, nxt = _rolling_run(cache, t)
+    for k, panel in enumerate(layout.panels):
         top = H - 0.55 - k * panel_h
         y_p, y_s = top - 0.3 - ph / 2, top - 0.3 - ph - link - sh / 2
-        win = size - sinks
-        draw.text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
-        rolling = f"{draw.slot_range(sinks, size)} roll" + "s" * (win == 1)
+        tag, sinks, size = panel.tag, panel.n_sink, len(panel.held)
+        draw.text(ax, margin, top - 0.12, panel.title, size=8, family=MONO, weight="bold")
+        rolling = f"{draw.slot_range(sinks, size)} roll" + "s" * (size - sinks == 1)
         kept_sinks = f"{draw.slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
         draw.text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
         draw.text(ax, margin, y_p, "positions", size=8)
         draw.text(ax, margin, y_s, "buffer slots", size=8)
-        kept = set(held)
         for p in range(t + 1):
-            x = x0 + (p + 0.5) * pw
-            kind = "next" if p == t else "sink" if p < sinks else "kept" if p in kept else "evicted"
-            color = {"next": NEXT, "sink": SINK, "kept": KEPT, "evicted": GREY}[kind]
-            fill = {"next": "white", "evicted": EVICTED}.get(kind, draw.tint(color, 0.3))
+            x, kind = x0 + (p + 0.5) * pw, panel.kind(p, t)
+            color = _ROLLING_COLORS[kind]
             ax.add_patch(FancyBboxPatch((x - pw / 2 + 0.01, y_p - ph / 2), pw - 0.02, ph,
-                                        boxstyle="round,pad=0,rounding_size=0.03", facecolor=fill,
+                                        boxstyle="round,pad=0,rounding_size=0.03",
+                                        facecolor=_ROLLING_FILLS.get(kind, draw.tint(color, 0.3)),
                                         edgecolor=color, linewidth=0.9, linestyle="--" if p == t else "-",
                                         gid=f"{tag} position {p} {kind}"))
             draw.text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
                       color=GREY if kind == "evicted" else INK)
-        for s, p in enumerate(held):
+        for s, p in enumerate(panel.held):
             xs, xp = x0 + (s + 0.5) * sw, x0 + (p + 0.5) * pw
-            color = SINK if s < sinks else KEPT
+            color = _ROLLING_COLORS["sink" if s < sinks else "kept"]
             draw.box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
             ax.texts[-1].set_gid(f"{tag} slot {s}")
             ax.plot([xs, xp], [y_s + sh / 2, y_p - ph / 2], color=color, lw=0.8, zorder=1)
             draw.text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
-        # the next write: position t into slot nxt, over the oldest token of the window
-        xs = x0 + (nxt + 0.5) * sw
+        # the next write: position t into its slot, over the oldest token of the window
+        xs, nxt = x0 + (panel.next_slot + 0.5) * sw, _ROLLING_COLORS["next"]
         ax.add_patch(FancyBboxPatch((xs - sw / 2 + 0.005, y_s - sh / 2 - 0.035), sw - 0.01, sh + 0.07,
                                     boxstyle="round,pad=0,rounding_size=0.05", facecolor="none",
-                                    edgecolor=NEXT, linewidth=1.6, linestyle="--", gid=f"{tag} next {nxt}"))
-        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=NEXT, lw=1.2,
+                                    edgecolor=nxt, linewidth=1.6, linestyle="--",
+                                    gid=f"{tag} next {panel.next_slot}"))
+        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=nxt, lw=1.2,
                 ls="--", zorder=1)
-        evicted = t - len(kept)
-        sinks_in = f"sinks in {draw.slot_range(0, sinks)}, " if sinks else ""
-        summary.append(f"{title} ({sinks_in}the last {win} rolling in {draw.slot_range(sinks, size)}) keeps "
-                       f"positions {draw.runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
-                       f"{nxt}, overwriting position {held[nxt]}")
-    legend = [(SINK, draw.tint(SINK, 0.3), "sink", "-")] if n_sink else []
-    legend += [(KEPT, draw.tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
-               (NEXT, "white", f"next write (position {t})", "--")]
+    kinds = [("sink", "sink")] if layout.panels[0].n_sink else []
+    kinds += [("kept", "in the window"), ("evicted", "evicted"), ("next", f"next write (position {t})")]
     x = margin
-    for edge, fill, label, style in legend:
+    for kind, label in kinds:
+        color, style = _ROLLING_COLORS[kind], "--" if kind == "next" else "-"
         ax.add_patch(FancyBboxPatch((x, 0.1), 0.22, 0.16, boxstyle="round,pad=0,rounding_size=0.03",
-                                    facecolor=fill, edgecolor=edge, linewidth=1.0, linestyle=style))
+                                    facecolor=_ROLLING_FILLS.get(kind, draw.tint(color, 0.3)),
+                                    edgecolor=color, linewidth=1.0, linestyle=style))
         draw.text(ax, x + 0.28, 0.18, label, size=8)
         x += 0.28 + 0.068 * len(label) + 0.3
-    sinks_stay = "The sinks stay in their slots; the" if n_sink else "The"
-    return Diagram(fig, f"Rolling key/value buffers after {tokens}. " + ". ".join(summary)
-                        + f". {sinks_stay} window's slots are overwritten in rolling order, each "
-                        "new token replacing the one a window's length before it.")
+    return fig
 
 
 def model_cache_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

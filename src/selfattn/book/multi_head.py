@@ -9,10 +9,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 from torch import Tensor
 
@@ -47,44 +49,125 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
     return Sequences(tokens, tags, vocab_size, (vocab_size + 1) ** 2)
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One lane of :func:`split_attend_merge` (``q``, ``k`` or ``v``): its x (inches), colour,
+    the input's label, the projection's, the split heads' shape, and each head's box label (query
+    head ``i`` reads key/value head ``i // g``)."""
+
+    name: str
+    x: float
+    color: tuple[float, float, float]
+    input: str
+    projection: str
+    split: str
+    heads: list[str]
+
+
+@dataclass(frozen=True)
+class HeadsLayout:
+    """What :func:`split_attend_merge` draws, computed without matplotlib from an
+    :class:`~selfattn.AttentionConfig` and the sizes ``B``, ``T`` (queries) and ``S`` (keys)."""
+
+    config: AttentionConfig
+    B: int
+    T: int
+    S: int
+
+    @property
+    def head_x(self) -> list[float]:
+        """The centre of each head's column, inches."""
+        pitch = _HEADS_SPAN / self.config.n_heads
+        return [_HEADS_LEFT + pitch * (i + 0.5) for i in range(self.config.n_heads)]
+
+    @property
+    def lanes(self) -> list[Lane]:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, hd, c = cfg.n_heads, cfg.head_dim, _HEADS_LEFT + _HEADS_SPAN / 2
+        lanes = []
+        h_kv = cfg.n_kv_heads
+        for name, x, color, label, width, n, length in [("q", c - 1.2, Q, "query", cfg.d_model, h, T),
+                                                        ("k", c, K, "key", cfg.kdim, h_kv, S),
+                                                        ("v", c + 1.2, V, "value", cfg.vdim, h_kv, S)]:
+            heads = [f"{name}{i if name == 'q' else i // cfg.group_size}" for i in range(h)]
+            lanes.append(Lane(name, x, color, f"{label}\n{draw.shape(B, length, width)}",
+                              f"{name}_proj\n{draw.shape(B, length, n * hd)}",
+                              draw.shape(B, n, length, hd), heads))
+        return lanes
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        """Beside each step: its name in the code, then its output's shape in the code's names."""
+        cfg = self.config
+        kv = "n_kv_heads" if cfg.n_kv_heads != cfg.n_heads else "n_heads"  # chapter 7's, where it differs
+        return [("inputs", "query (B, T, d_model)\nkey (B, S, kdim), value (B, S, vdim)"),
+                ("q_proj, k_proj, v_proj", f"q: (B, T, n_heads·head_dim)\nk, v: (B, S, {kv}·head_dim)"),
+                ("split_heads" + (", apply_rope" if cfg.rope else ""),
+                 f"q: (B, n_heads, T, head_dim)\nk, v: (B, {kv}, S, head_dim)"),
+                ("attend, per head", rf"softmax$(q k^\top / \sqrt{{{cfg.head_dim}}})\, v$"),
+                ("merge_heads (concatenate)", "(B, T, n_heads·head_dim)"),
+                ("out_proj", "(B, T, out_dim)")]
+
+    @property
+    def sizes(self) -> str:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, h_kv = cfg.n_heads, cfg.n_kv_heads
+        return (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
+                f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
+                f"head_dim={cfg.head_dim}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
+
+    @property
+    def alt(self) -> str:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, hd = cfg.n_heads, cfg.head_dim
+        kind = "" if cfg.n_kv_heads == h else f", {cfg.n_kv_heads} key/value heads"
+        return (f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the query "
+                f"{draw.shape(B, T, cfg.d_model)} to {draw.shape(B, T, h * hd)}, split_heads makes it "
+                f"{draw.shape(B, h, T, hd)}, each head attends on its own (scores "
+                f"{draw.shape(B, h, T, S)} from {S} keys), merge_heads concatenates the heads back to "
+                f"{draw.shape(B, T, h * hd)} and out_proj (W^O) gives {draw.shape(B, T, cfg.out_dim)}.")
+
+
+_HEADS_LEFT, _HEADS_SPAN = 0.15, 3.6  # inches: the heads' row, under the three lanes
+
+
 def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int = 5,
-               S: int | None = None) -> Diagram:
+                       S: int | None = None) -> Diagram:
     r"""``MultiHeadAttention.forward`` as a picture, every shape from ``layer``'s config: project
     (``q_proj``, ``k_proj``, ``v_proj``), ``split_heads``, attend per head, ``merge_heads``
     (concatenate), ``out_proj`` ($W^O$) (Vaswani et al. 2017, §3.2.2). With fewer key/value heads
     than query heads (GQA, MQA), query head $i$ reads key/value head $i // (h / h_{kv})$.
 
     ``T`` queries attend to ``S`` keys and values (``S`` defaults to ``T``: self-attention); each
-    head's scores are ``(T, S)``."""
+    head's scores are ``(T, S)``; every label comes from :class:`HeadsLayout`."""
     cfg = layer.config if isinstance(layer, MultiHeadAttention) else layer
-    S = T if S is None else S
-    h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
+    layout = HeadsLayout(cfg, B, T, T if S is None else S)
+    return Diagram(_draw_heads(layout), layout.alt)
+
+
+def _draw_heads(layout: HeadsLayout) -> Figure:
+    cfg, B, T = layout.config, layout.B, layout.T
+    h, hd = cfg.n_heads, cfg.head_dim
     W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
     y0, y1 = H - 0.3, H - 1.05  # inputs, projections (and a line of sizes at the bottom)
     y2 = y1 - 1.25  # the heads: q, k, v pieces stacked, 0.22 apart
     y3, y4 = y2 - 0.22 - 0.8, y2 - 0.22 - 1.55  # merged heads, out_proj
-    left, span = 0.15, 3.6  # the heads' row, under the three lanes
-    c = left + span / 2
-    lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h, T), "k": (c, K, "key", cfg.kdim, h_kv, S),
-             "v": (c + 1.2, V, "value", cfg.vdim, h_kv, S)}  # name: x, colour, input, width, heads, length
-    fig, ax = draw.canvas(W, H)
-    pitch = span / h
-    xh = [left + pitch * (i + 0.5) for i in range(h)]
+    left, span = _HEADS_LEFT, _HEADS_SPAN
+    c, pitch, xh = left + span / 2, span / h, layout.head_x
     hw, size = min(0.4, 0.85 * pitch), 8 if h <= 8 else 7
+    fig, ax = draw.canvas(W, H)
     ax.add_patch(FancyBboxPatch((left, y2 - 0.38), span, 0.76, boxstyle="round,pad=0,rounding_size=0.06",
                                 facecolor="#f3f3f3", edgecolor="none"))
-    for name, (x, color, label, width, n, length) in lanes.items():
-        draw.box(ax, x, y0, lw, bh, f"{label}\n{draw.shape(B, length, width)}", GREY, size=8.5, family=MONO)
+    for lane, row in zip(layout.lanes, (0.22, 0.0, -0.22), strict=True):
+        x, color = lane.x, lane.color
+        draw.box(ax, x, y0, lw, bh, lane.input, GREY, size=8.5, family=MONO)
         draw.arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
-        draw.box(ax, x, y1, lw, bh, f"{name}_proj\n{draw.shape(B, length, n * hd)}", color, size=8.5,
-                 family=MONO)
+        draw.box(ax, x, y1, lw, bh, lane.projection, color, size=8.5, family=MONO)
         draw.arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
-        draw.text(ax, x, y2 + 0.62, draw.shape(B, n, length, hd), size=8.5, family=MONO, ha="center",
+        draw.text(ax, x, y2 + 0.62, lane.split, size=8.5, family=MONO, ha="center",
                   bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
-        row = {"q": 0.22, "k": 0.0, "v": -0.22}[name]
-        for i, x_i in enumerate(xh):  # head i gets query head i and key/value head i // g
-            draw.box(ax, x_i, y2 + row, hw, 0.19, f"{name}{i if name == 'q' else i // g}", color, size=size,
-                     family=MONO)
+        for x_i, label in zip(xh, lane.heads, strict=True):
+            draw.box(ax, x_i, y2 + row, hw, 0.19, label, color, size=size, family=MONO)
     for x_i in xh:
         draw.arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
     draw.box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
@@ -95,36 +178,18 @@ def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, 
     draw.arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
     draw.box(ax, c, y4, lw, bh, f"out_proj\n{draw.shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
     mono = {"size": 8, "family": MONO}
-    kv = "n_kv_heads" if h_kv != h else "n_heads"  # chapter 7's name only where it differs
-    notes = [  # beside each step: its name in the code, then its output's shape in the code's names
-        (y0, "inputs", "query (B, T, d_model)\nkey (B, S, kdim), value (B, S, vdim)", mono),
-        (y1, "q_proj, k_proj, v_proj",
-         f"q: (B, T, n_heads·head_dim)\nk, v: (B, S, {kv}·head_dim)", mono),
-        (y2 + 0.6, "split_heads" + (", apply_rope" if cfg.rope else ""),
-         f"q: (B, n_heads, T, head_dim)\nk, v: (B, {kv}, S, head_dim)", mono),
-        (y2 - 0.05, "attend, per head", rf"softmax$(q k^\top / \sqrt{{{hd}}})\, v$", {"size": 10}),
-        (y3, "merge_heads (concatenate)", "(B, T, n_heads·head_dim)", mono),
-        (y4, "out_proj", "(B, T, out_dim)", mono),
-    ]
-    for y, step, shapes, style in notes:
+    for y, (step, shapes) in zip((y0, y1, y2 + 0.6, y2 - 0.05, y3, y4), layout.notes, strict=True):
         draw.text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
-        draw.text(ax, 4.25, y + 0.01, shapes, va="top", **style)
+        math = "$" in shapes  # the attention's formula, in mathtext at 10 pt
+        draw.text(ax, 4.25, y + 0.01, shapes, va="top", **({"size": 10} if math else mono))
     draw.text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
-    draw.text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {draw.shape(B, h, T, S)}",
+    draw.text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {draw.shape(B, h, T, layout.S)}",
               va="top", **mono)
-    if g > 1:
-        draw.text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {g}", va="top", **mono)
-    sizes = (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
-             f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
-             f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
+    if cfg.group_size > 1:
+        draw.text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {cfg.group_size}", va="top", **mono)
+    sizes = layout.sizes
     draw.text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
-    kind = "" if h_kv == h else f", {h_kv} key/value heads"
-    return Diagram(fig, f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the "
-                        f"query {draw.shape(B, T, cfg.d_model)} to {draw.shape(B, T, h * hd)}, split_heads "
-                        f"makes it {draw.shape(B, h, T, hd)}, each head attends on its own (scores "
-                        f"{draw.shape(B, h, T, S)} from {S} keys), merge_heads "
-                        f"concatenates the heads back to {draw.shape(B, T, h * hd)} and out_proj (W^O) "
-                        f"gives {draw.shape(B, T, cfg.out_dim)}.")
+    return fig
 
 
 def article_attention_shape(batch: int, n_heads: int, n_queries: int, n_keys: int) -> tuple[int, ...]:
