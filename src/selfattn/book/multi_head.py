@@ -25,7 +25,17 @@ from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
 from .kit import draw
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _seeded_layer, _tensor
+from .kit.checkers import (
+    NotYet,
+    _call,
+    _checker,
+    _close,
+    _equal,
+    _first_match,
+    _seeded_layer,
+    _tensor,
+    same_as,
+)
 from .kit.draw import GREY, INK, MONO, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters, synchronize
 from .kit.train import Sequences
@@ -223,12 +233,8 @@ def check_article_attention_shape(answer: object) -> str:
 @_checker
 def check_mha_parameters(fn: object) -> str:
     """Chapter 6, exercise 2: ``fn(d_model, n_heads)`` counts MultiHeadAttention's parameters."""
-    for d_model, n_heads in [(8, 1), (64, 8), (96, 3)]:
-        got = _call(fn, d_model, n_heads)
-        want = mha_parameters(d_model, n_heads)
-        if got != want:
-            raise NotYet(f"d_model={d_model}, n_heads={n_heads}: you say {got!r}, the module has "
-                         f"{want}")
+    same_as(fn, mha_parameters, [(8, 1), (64, 8), (96, 3)], "{args}: you say {got!r}, the module has {want}",
+            names=("d_model", "n_heads"))
     return "4 d^2 + 4 d, whatever the number of heads: heads split d, they do not add parameters"
 
 
@@ -461,15 +467,14 @@ def repeat_kv_shape(shape: tuple[int, ...], g: int) -> tuple[int, ...]:
 def check_cache_bytes(fn: object) -> str:
     """Chapter 7, exercise 1: ``fn(batch, n_kv_heads, context, head_dim, itemsize)`` is the size
     of a KV cache in bytes, checked against a real :class:`~selfattn.KVCache`."""
-    for batch, n_kv, context, hd, dtype in [(1, 16, 100, 64, torch.float32),
-                                             (2, 1, 37, 8, torch.float16),
-                                             (3, 4, 10, 16, torch.bfloat16)]:
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        got = _call(fn, batch, n_kv, context, hd, itemsize)
-        want = kv_cache_bytes(batch, n_kv, context, hd, dtype)
-        if got != want:
-            raise NotYet(f"batch={batch}, n_kv_heads={n_kv}, context={context}, head_dim={hd}, "
-                         f"itemsize={itemsize}: you say {got!r}, the cache holds {want}")
+    dtypes = {4: torch.float32, 2: torch.bfloat16}  # a dtype of each itemsize
+
+    def cache_bytes(batch: int, n_kv: int, context: int, hd: int, itemsize: int) -> int:
+        return kv_cache_bytes(batch, n_kv, context, hd, dtypes[itemsize])
+
+    same_as(fn, cache_bytes, [(1, 16, 100, 64, 4), (2, 1, 37, 8, 2), (3, 4, 10, 16, 2)],
+            "{args}: you say {got!r}, the cache holds {want}",
+            names=("batch", "n_kv_heads", "context", "head_dim", "itemsize"))
     return "keys and values: 2 * batch * n_kv_heads * context * head_dim * itemsize"
 
 

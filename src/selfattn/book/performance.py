@@ -25,7 +25,7 @@ from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..tiled import tiled_attention
 from .kit import draw
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
+from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor, same_as
 from .kit.draw import GREY, MONO, OUT, Diagram, Q
 from .kit.measure import (
     attention_flops,
@@ -589,13 +589,10 @@ def scores_bytes(n_heads: int, T: int, dtype: torch.dtype = torch.float32) -> in
 @_checker
 def check_attention_flops(fn: object) -> str:
     """Chapter 9, exercise 1: ``fn(L, S, d, n_heads, batch)`` is attention's dense forward FLOPs."""
-    for args in ((1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)):
-        got = _call(fn, *args)
-        want = attention_flops(*args)
-        if got != want:
-            hint = " (that counts each product once: a multiply-add is 2 FLOPs)" if got == want // 2 else ""
-            raise NotYet(f"for (L, S, d, n_heads, batch) = {args}: you say {got!r}, expected "
-                         f"{want:,}{hint}")
+    same_as(fn, attention_flops, [(1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)],
+            "for (L, S, d, n_heads, batch) = {case}: you say {got!r}, expected {want:,}{hint}",
+            mistakes=[(lambda *case: attention_flops(*case) // 2,
+                       " (that counts each product once: a multiply-add is 2 FLOPs)")])
     return "4 * L * S * d per head and per sequence: QK^T and AV, 2LSd each"
 
 

@@ -28,7 +28,7 @@ from ..masks import causal_mask, padding_mask
 from ..multihead import MultiHeadAttention
 from ..scoring import AdditiveScorer
 from .kit import draw
-from .kit.checkers import NotYet, _call, _checker, _close, _first_match, _number, _tensor
+from .kit.checkers import NotYet, _call, _checker, _close, _first_match, _number, _tensor, same_as
 from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters
 from .kit.viz import PAGE_WIDTH
@@ -361,12 +361,8 @@ def additive_pair_bytes(L: int, S: int, hidden: int) -> int:
 @_checker
 def check_additive_parameters(fn: object) -> str:
     """Chapter 3, exercise 1: ``fn(query_dim, key_dim, hidden)`` counts an AdditiveScorer's numbers."""
-    for q_dim, k_dim, hidden in [(8, 8, 4), (10, 3, 16), (1, 1, 1)]:
-        got = _call(fn, q_dim, k_dim, hidden)
-        want = additive_parameters(q_dim, k_dim, hidden)
-        if got != want:
-            raise NotYet(f"query_dim={q_dim}, key_dim={k_dim}, hidden={hidden}: you say {got!r}, "
-                         f"the scorer has {want}")
+    same_as(fn, additive_parameters, [(8, 8, 4), (10, 3, 16), (1, 1, 1)],
+            "{args}: you say {got!r}, the scorer has {want}", names=("query_dim", "key_dim", "hidden"))
     return "W_q (hidden x query_dim) + W_k and its bias (hidden x key_dim + hidden) + w (hidden)"
 
 
@@ -374,12 +370,8 @@ def check_additive_parameters(fn: object) -> str:
 def check_additive_bytes(fn: object) -> str:
     """Chapter 3, exercise 2: ``fn(L, S, hidden)`` is the size in bytes of the float32
     ``(L, S, hidden)`` tensor the additive scorer builds, checked against the real tensor."""
-    for L, S, hidden in [(4, 6, 8), (128, 128, 32), (1, 1000, 3)]:
-        got = _call(fn, L, S, hidden)
-        want = additive_pair_bytes(L, S, hidden)
-        if got != want:
-            raise NotYet(f"L={L}, S={S}, hidden={hidden}: you say {got!r}, the tensor takes "
-                         f"{want} bytes")
+    same_as(fn, additive_pair_bytes, [(4, 6, 8), (128, 128, 32), (1, 1000, 3)],
+            "{args}: you say {got!r}, the tensor takes {want} bytes", names=("L", "S", "hidden"))
     return "L * S * hidden numbers of 4 bytes each"
 
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..multihead import MultiHeadAttention
 from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
 from ..scoring import ScoredSelfAttention
-from .kit.checkers import NotYet, _call, _checker
+from .kit.checkers import _checker, same_as
 from .kit.measure import count_parameters
 from .kit.train import Sequences
 
@@ -398,16 +398,36 @@ def default_sense(model: torch.nn.Module, task: object, filler: int | None = Non
     return torch.stack([(guess == c).float().mean() for c in range(n_cues)])
 
 
+def window_parameters(window: int, d: int, hidden: int, n_tags: int, vocab_size: int) -> int:
+    """Chapter 1, exercise 1: the parameters of a :class:`WindowTagger`, counted on the module."""
+    return count_parameters(WindowTagger(vocab_size, n_tags, d=d, window=window, hidden=hidden))
+
+
+def measured_reach(n_layers: int, kernel: int) -> int:
+    """Chapter 1, exercise 2: how many positions to each side a :class:`CNNTagger`'s convolutions
+    see, measured (:func:`influence`) at the middle of 61 tokens; the global random state is left
+    as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
+        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
+
+    def layers(h: Tensor) -> Tensor:  # the convolutions alone: a ReLU never widens the reach
+        h = h.transpose(1, 2)  # (B, d, T)
+        for conv in model.convs:
+            h = conv(h)
+        return h.transpose(1, 2)
+
+    return int(influence(layers, x, t=30).sum().item() - 1) // 2
+
+
 @_checker
 def check_window_parameters(fn: object) -> str:
     """Chapter 1, exercise 1: ``fn(window, d, hidden, n_tags, vocab_size)`` counts the parameters
     of a :class:`~selfattn.book.tagging.WindowTagger`."""
-    for window, d, hidden, n_tags, vocab in [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)]:
-        got = _call(fn, window, d, hidden, n_tags, vocab)
-        want = count_parameters(WindowTagger(vocab, n_tags, d=d, window=window, hidden=hidden))
-        if got != want:
-            raise NotYet(f"for window={window}, d={d}, hidden={hidden}, n_tags={n_tags}, "
-                         f"vocab_size={vocab}: you say {got!r}, the model has {want}")
+    same_as(fn, window_parameters, [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)],
+            "for {args}: you say {got!r}, the model has {want}",
+            names=("window", "d", "hidden", "n_tags", "vocab_size"))
     return "embedding + first layer ((2w+1)*d*hidden + hidden) + output layer"
 
 
@@ -415,20 +435,7 @@ def check_window_parameters(fn: object) -> str:
 def check_cnn_reach(fn: object) -> str:
     """Chapter 1, exercise 2: ``fn(n_layers, kernel)`` is how many positions to each side a
     :class:`~selfattn.book.tagging.CNNTagger` sees, checked against the measured receptive field."""
-    torch.manual_seed(0)
-    for n_layers, kernel in [(1, 3), (2, 5), (3, 3), (4, 7)]:
-        got = _call(fn, n_layers, kernel)
-        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
-        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
-
-        def layers(h, model=model):  # the convolutions alone: a ReLU never widens the reach
-            h = h.transpose(1, 2)  # (B, d, T)
-            for conv in model.convs:
-                h = conv(h)
-            return h.transpose(1, 2)
-
-        want = int(influence(layers, x, t=30).sum().item() - 1) // 2
-        if got != want:
-            raise NotYet(f"{n_layers} layers of width {kernel}: you say {got!r}, the measured "
-                         f"reach is {want} on each side")
+    same_as(fn, measured_reach, [(1, 3), (2, 5), (3, 3), (4, 7)],
+            "{n_layers} layers of width {kernel}: you say {got!r}, the measured reach is {want} on "
+            "each side", names=("n_layers", "kernel"))
     return "each layer adds kernel // 2 positions on each side"
