@@ -172,13 +172,38 @@ def test_op_counts_sees_that_einsum_and_matmul_run_the_same_products():
 
 @on_linux
 @pytest.mark.slow
-def test_fresh_process_peak_memory_counts_the_call_not_the_setup():
-    setup = "x = torch.ones(2**24)"  # 64 MiB, made before the call: not counted
-    made = measure.fresh_process_peak_memory("torch.ones(2**24) + 1", setup)
-    assert 2 * 64 * 2**20 <= made < 3 * 64 * 2**20  # two 64 MiB results alive at once
-    assert measure.fresh_process_peak_memory("x[:10].sum()", setup) < 8 * 2**20
-    with pytest.raises(RuntimeError, match="NameError"):
-        measure.fresh_process_peak_memory("undefined_name")
+def test_fresh_process_peak_memory_counts_the_call_not_its_input():
+    # the explicit path holds the scores and the weights at once: 8 heads of 1024 x 1024 floats each
+    scores = 8 * 1024 * 1024 * 4  # 32 MiB
+    explicit = measure.fresh_process_peak_memory("selfattn.scaled_dot_product_attention", 1024, 8, 64)
+    assert 2 * scores <= explicit < 3 * scores  # x (2 MiB) made before the call: not counted
+    fused = measure.fresh_process_peak_memory("torch.nn.functional.scaled_dot_product_attention",
+                                              1024, 8, 64)
+    assert fused < scores / 4  # a fused kernel never holds the scores
+    trained = measure.fresh_process_peak_memory("selfattn.scaled_dot_product_attention", 1024, 8, 64,
+                                                backward=True)
+    assert trained > explicit  # backward holds gradients beside what forward saved
+    with pytest.raises(RuntimeError, match="AttributeError"):
+        measure.fresh_process_peak_memory("selfattn.no_such_attention", 16, 1, 4)
+
+
+def test_the_fresh_process_runs_the_call_it_is_given(capsys):
+    from selfattn.book.kit import peak
+
+    x = torch.randn(1, 2, 5, 4, requires_grad=True)
+    out = peak.attention("selfattn.scaled_dot_product_attention")(x)  # its output, not the weights
+    torch.testing.assert_close(out, selfattn.scaled_dot_product_attention(x, x, x)[0])
+    assert peak.step(peak.attention("selfattn.tiled_attention"), x, backward=True) is None
+    assert x.grad is not None and x.grad.shape == x.shape
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    try:  # main sets the threads, and turns autograd off for a forward pass
+        peak.main(["torch.nn.functional.scaled_dot_product_attention", "--length", "8", "--heads", "2",
+                   "--head-dim", "4"])
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
+    printed = capsys.readouterr().out.strip()
+    assert printed == "None" or int(printed) >= 0
 
 
 def test_verdict_tells_a_difference_from_the_spread_of_the_samples():

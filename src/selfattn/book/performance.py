@@ -199,14 +199,14 @@ def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n
     return rows
 
 
-# the variants of training_benchmark: each a function of x, and the same call as a statement on
-# x, for the fresh process that measures its peak memory
+# the variants of training_benchmark: each a function of x, and the same function by its import
+# path, for the fresh process that measures its peak memory (kit.peak)
 TRAINING_VARIANTS = {
     "explicit (selfattn)": (lambda x: scaled_dot_product_attention(x, x, x)[0],
-                            "scaled_dot_product_attention(x, x, x)[0]"),
-    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "tiled_attention(x, x, x)"),
+                            "selfattn.scaled_dot_product_attention"),
+    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "selfattn.tiled_attention"),
     "F.scaled_dot_product_attention": (lambda x: F.scaled_dot_product_attention(x, x, x),
-                                       "F.scaled_dot_product_attention(x, x, x)"),
+                                       "torch.nn.functional.scaled_dot_product_attention"),
 }
 
 
@@ -240,25 +240,12 @@ def training_benchmark(lengths: tuple[int, ...] = (1024, 2048, 4096), n_heads: i
     return rows
 
 
-def _fresh_training_peak(call: str, T: int, n_heads: int, head_dim: int) -> int | None:
-    """Peak bytes of one forward+backward of ``call`` (on ``x``, ``(1, n_heads, T, head_dim)``) in
-    a fresh process, after one call on a short input (what a process allocates once is not
-    counted); the input itself is not counted, its gradient is."""
-    setup = f"""
-import torch
-import torch.nn.functional as F
-from selfattn import scaled_dot_product_attention, tiled_attention
-torch.set_num_threads({torch.get_num_threads()})
-
-def step():
-    with torch.enable_grad():
-        ({call}).sum().backward()
-
-x = torch.randn(1, {n_heads}, 16, {head_dim}, requires_grad=True)
-step()
-x = torch.randn(1, {n_heads}, {T}, {head_dim}, requires_grad=True)
-"""
-    return fresh_process_peak_memory("step()", setup)
+def _fresh_training_peak(function: str, T: int, n_heads: int, head_dim: int) -> int | None:
+    """Peak bytes of one forward+backward of ``function`` on ``x``, ``(1, n_heads, T, head_dim)``,
+    in a fresh process with this process's threads, after one call on a short input (what a
+    process allocates once is not counted); the input itself is not counted, its gradient is."""
+    return fresh_process_peak_memory(function, T, n_heads, head_dim, backward=True,
+                                     threads=torch.get_num_threads())
 
 
 def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,

@@ -318,27 +318,24 @@ def process_peak_memory(fn: Callable[[], object]) -> int | None:
     return 1024 * (kilobytes("VmHWM") - before)
 
 
-def fresh_process_peak_memory(stmt: str, setup: str = "pass") -> int | None:
-    """:func:`process_peak_memory` of ``stmt`` in a new Python process, after ``setup`` (the
-    arguments of :func:`timeit.timeit`): nothing freed earlier is there to be reused, so every
-    page the call touches counts, a fused kernel's own buffers included. Bytes; None where the
-    operating system does not say. The statements run with ``torch`` imported and autograd off.
-    """
+def fresh_process_peak_memory(function: str, length: int, n_heads: int, head_dim: int, *,
+                              backward: bool = False, threads: int = 1) -> int | None:
+    """:func:`process_peak_memory` of one self-attention call, ``function(x, x, x)`` on ``x`` of
+    shape ``(1, n_heads, length, head_dim)``, in a new Python process (:mod:`.peak`, which says
+    what is counted): nothing freed earlier is there to be reused, so every page the call
+    touches counts, a fused kernel's own buffers included. ``function`` is the import path of a
+    self-attention function (``selfattn.tiled_attention``); ``backward``: one forward and backward
+    pass instead of a forward pass without autograd; ``threads``: torch's threads in that
+    process. Bytes; None where the operating system does not say."""
     import subprocess
     import sys
-    import textwrap
 
-    script = "\n".join([
-        "import torch",
-        "from selfattn.book.kit.measure import process_peak_memory",
-        textwrap.dedent(setup),
-        "torch.set_grad_enabled(False)",
-        f"print(process_peak_memory(lambda: {stmt}))",
-    ])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    command = [sys.executable, "-m", "selfattn.book.kit.peak", function, "--length", str(length),
+               "--heads", str(n_heads), "--head-dim", str(head_dim), "--threads", str(threads)]
+    done = subprocess.run(command + ["--backward"] * backward, capture_output=True, text=True,
                           check=False)
     if done.returncode:
-        raise RuntimeError(f"the statement failed in a fresh process:\n{done.stderr.strip()}")
+        raise RuntimeError(f"the call failed in a fresh process:\n{done.stderr.strip()}")
     peak = done.stdout.strip().splitlines()[-1]
     return None if peak == "None" else int(peak)
 
