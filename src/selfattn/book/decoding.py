@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, cast
 
 import torch
 from matplotlib.axes import Axes
@@ -443,7 +444,7 @@ def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
     and ``q.k`` and ``weights.v`` for each (query, key) pair of each head (2 FLOPs a product)."""
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     pairs = new * keys - new * (new - 1) // 2  # causal pairs of the new queries
-    attn = model.blocks[0].attn.config
+    attn = cast(DecoderBlock, model.blocks[0]).attn.config
     return batch * (2 * linear * new + len(model.blocks) * 4 * attn.n_heads * attn.head_dim * pairs)
 
 
@@ -486,7 +487,7 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
     generated: dict[str, Tensor] = {}
     with torch.no_grad():
         for r in range(repeats + 1):  # round 0 warms up, untimed
-            states = {"recompute": {"seq": prompt},
+            states: dict[str, dict[str, Any]] = {"recompute": {"seq": prompt},
                       "cached": {"new": prompt,
                                  "caches": model.new_caches(make_cache, **cache_kwargs)}}
             steps = {"recompute": recompute, "cached": cached}
@@ -710,7 +711,7 @@ def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, r
 _ROPE, _CACHE = draw.TAB[5], draw.TAB[3]
 _LATENT_H = 4.9  # the figure's height, inches
 _LATENT_X, _LATENT_W, _LATENT_Y, _ROPE_Y = 2.22, 1.45, 3.15, 1.95  # the cache column, inches
-_MONO8 = {"family": MONO, "size": 8}
+_MONO8: dict[str, Any] = {"family": MONO, "size": 8}
 
 
 def _draw_latent_cache(ax: Axes, layout: LatentLayout) -> None:
@@ -969,8 +970,8 @@ def _draw_paged(layout: PagedLayout) -> Figure:
     W, H, margin = PAGE_WIDTH, 4.1, _PAGE_MARGIN
     bw, ch, names = layout.width, _SLOT_HEIGHT, layout.names
     fig, ax = draw.canvas(W, H)
-    mono = {"family": MONO, "size": 8}
-    bold = {"size": 8.5, "weight": "bold"}
+    mono: dict[str, Any] = {"family": MONO, "size": 8}
+    bold: dict[str, Any] = {"size": 8.5, "weight": "bold"}
     y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
     draw.text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
               "one shared pool", **bold)
@@ -1013,6 +1014,7 @@ def _rolling_run(cache: SinkCache | SlidingWindowCache, t: int) -> tuple[list[in
     for p in range(t):
         x = torch.full((1, 1, 1, 1), float(p), dtype=torch.float64)
         cache.append(x, x)
+    assert cache._k is not None  # t > 0 tokens appended
     held = [int(p) for p in cache._k[0, 0, :, 0].tolist()]  # (n_sink + window,): its buffer, read back
     nxt = int(cache._slots(torch.tensor([t]))[0])  # where append writes position t
     return held, nxt
@@ -1078,7 +1080,8 @@ def rolling_layout(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool 
     ``sliding``, a :class:`~selfattn.cache.SlidingWindowCache` of as many slots) fed ``t``
     tokens, each slot read back (:func:`_rolling_run`)."""
     size = n_sink + window
-    caches = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
+    caches: list[tuple[str, str, SinkCache | SlidingWindowCache, int]] = [
+        ("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
     if sliding:
         caches.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
     panels = [RollingPanel(tag, title, sinks, *_rolling_run(cache, t)) for tag, title, cache, sinks in caches]
@@ -1325,13 +1328,18 @@ def uptraining_recovery(fn: Callable[[MultiHeadAttention, int], MultiHeadAttenti
             torch.manual_seed(seed)
             mha = AttentionTagger(data.vocab_size, data.n_tags, d=32, n_heads=4)
             train(mha, data, steps=steps, seed=seed, progress=progress, desc=f"MHA, seed {seed}")
-            pooled = _swapped(mha, _call(fn, mha.attn, n_kv_heads))  # type: ignore[arg-type]
+            layer = mha.attn
+            assert isinstance(layer, MultiHeadAttention)  # the tagger's own layer, not a scorer's
+            converted = _call(fn, layer, n_kv_heads)
+            if not isinstance(converted, MultiHeadAttention):
+                raise NotYet(f"return a selfattn.MultiHeadAttention, got {type(converted).__name__}")
+            pooled = _swapped(mha, converted)
             with torch.no_grad():
-                cfg = mha.attn.config
+                cfg = layer.config
                 fresh = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=n_kv_heads,
                                            head_dim=cfg.head_dim, rope=cfg.rope)  # random K/V
-                fresh.q_proj.load_state_dict(mha.attn.q_proj.state_dict())
-                fresh.out_proj.load_state_dict(mha.attn.out_proj.state_dict())
+                fresh.q_proj.load_state_dict(layer.q_proj.state_dict())
+                fresh.out_proj.load_state_dict(layer.out_proj.state_dict())
                 control = _swapped(mha, fresh)
             arms["MHA"].append(accuracy(mha))
             arms["pooled"].append(accuracy(pooled))
@@ -1356,7 +1364,8 @@ def check_uptraining(fn: object) -> str:
     for d_model, n_heads, n_kv, rope, seed in [(16, 8, 2, True, 111), (12, 6, 3, False, 112),
                                                 (16, 4, 1, True, 113), (16, 8, 8, False, 114)]:
         _uptraining_case(fn, d_model, n_heads, n_kv, rope, seed)
-    acc = {arm: values[0] for arm, values in uptraining_recovery(fn, seeds=[0]).items()}
+    convert = cast(Callable[[MultiHeadAttention, int], MultiHeadAttention], fn)  # as checked just above
+    acc = {arm: values[0] for arm, values in uptraining_recovery(convert, seeds=[0]).items()}
     return (f"each group's key and value heads are mean-pooled, the queries and output kept. On the "
             f"tagging task (one seed: the numbers vary from seed to seed; chance 25%), the MHA "
             f"tagger gets {acc['MHA']:.0%} of the "

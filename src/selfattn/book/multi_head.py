@@ -8,9 +8,11 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,7 @@ from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
 from .kit import draw
 from .kit.checkers import (
+    Mistakes,
     NotYet,
     _call,
     _checker,
@@ -187,7 +190,7 @@ def _draw_heads(layout: HeadsLayout) -> Figure:
               bbox={"facecolor": draw.tint(OUT), "edgecolor": "none", "pad": 2})
     draw.arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
     draw.box(ax, c, y4, lw, bh, f"out_proj\n{draw.shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
-    mono = {"size": 8, "family": MONO}
+    mono: dict[str, Any] = {"size": 8, "family": MONO}
     for y, (step, shapes) in zip((y0, y1, y2 + 0.6, y2 - 0.05, y3, y4), layout.notes, strict=True):
         draw.text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
         math = "$" in shapes  # the attention's formula, in mathtext at 10 pt
@@ -300,17 +303,17 @@ _MHA_MISTAKES = {
 }
 
 
-def _mha_candidates(layer: MultiHeadAttention, x: Tensor) -> list[tuple[Callable[[], Tensor], str]]:
+def _mha_candidates(layer: MultiHeadAttention, x: Tensor) -> Mistakes:
     """Every typical mistake of :func:`_mha_variant`, alone and in pairs, with its hint."""
     flips = [("split_ok", False), ("merge_ok", False), ("out_proj", False), ("one_head", True),
              ("model_scale", True), ("causal", True)]
-    candidates = []
+    candidates: Mistakes = []
     for n in (1, 2):
         for chosen in map(dict, itertools.combinations(flips, n)):
             if "one_head" in chosen and ("split_ok" in chosen or "merge_ok" in chosen):
                 continue  # one head: nothing to split in the wrong order
-            hint = "your output is what you get when you " + ", and ".join(map(_MHA_MISTAKES.get, chosen))
-            candidates.append((lambda c=chosen: _mha_variant(layer, x, **c), hint))
+            hint = "your output is what you get when you " + ", and ".join(_MHA_MISTAKES[k] for k in chosen)
+            candidates.append((partial(_mha_variant, layer, x, **chosen), hint))
     return candidates
 
 

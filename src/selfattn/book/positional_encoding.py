@@ -4,6 +4,7 @@ where the attention of each scheme goes, RoPE's rotation drawn, and the chapter'
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from matplotlib.figure import Figure
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from ..positional import alibi_slopes, apply_rope, sinusoidal_encoding
 from .kit import draw
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
+from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
 from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q
 from .kit.train import Sequences
 from .kit.viz import PAGE_WIDTH
@@ -220,22 +221,22 @@ def check_rope(fn: object) -> str:
         if _close(got, want, atol=1e-4):
             continue
         given = f"given x of shape {shape} and positions {positions.tolist()}"
-        candidates = [
-            (lambda x=x, p=positions: apply_rope(x, -p), "the pairs turn the other way: the even "
+        candidates: Mistakes = [
+            (partial(apply_rope, x, -positions), "the pairs turn the other way: the even "
              "feature becomes x_2i cos - x_2i+1 sin and the odd one x_2i sin + x_2i+1 cos"),
-            (lambda x=x, p=positions: _rope_halves(x, p), "your function pairs the halves "
+            (partial(_rope_halves, x, positions), "your function pairs the halves "
              "(x[..., i], x[..., i + d/2]); this RoPE, like apply_rope, pairs neighbours "
              "(x[..., 2i], x[..., 2i+1])"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=100.0), "the angles use "
+            (partial(apply_rope, x, positions, base=100.0), "the angles use "
              "10000^(-i/d) for pair i; the frequency of pair i is 10000^(-2i/d)"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=1e8), "the angles use "
+            (partial(apply_rope, x, positions, base=1e8), "the angles use "
              "10000^(-4i/d) for pair i: torch.arange(0, d, 2) already holds 2i, so do not "
              "double it again"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=1e-4), "the frequencies grow with i: "
+            (partial(apply_rope, x, positions, base=1e-4), "the frequencies grow with i: "
              "theta_i = 10000^(-2i/d), with a minus sign"),
         ]
         if not torch.equal(positions, torch.arange(len(positions))):
-            candidates.append((lambda x=x: apply_rope(x), f"{given}, your function rotates as if "
+            candidates.append((partial(apply_rope, x), f"{given}, your function rotates as if "
                                "the tokens sat at 0, 1, 2, ...: use the positions it is given"))
         hint = _first_match(got, candidates, atol=1e-2)  # float32 angles reach 1e5 in some
         if hint:

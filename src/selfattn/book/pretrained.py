@@ -29,7 +29,7 @@ import json
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +114,11 @@ class BertEncoder(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, d)
         self.embed_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    @property
+    def blocks(self) -> list[BertLayer]:
+        """:attr:`layers`, in order, as the :class:`BertLayer` they are."""
+        return [cast(BertLayer, layer) for layer in self.layers]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 need_weights: bool = True, *, position_ids: Tensor | None = None
@@ -307,7 +312,8 @@ def compare_with_transformers(model: Pretrained, sentences: list[str]) -> dict[s
     transformers.logging.disable_progress_bar()  # no loading bar on a page
     device = next(model.model.parameters()).device
     reference = transformers.BertModel.from_pretrained(model.model_dir, attn_implementation="eager")
-    reference = reference.to(device).eval()
+    # transformers wraps PreTrainedModel.to in a decorator whose type hints lose the bound self
+    reference = reference.to(device).eval()  # type: ignore[arg-type]
     enc = model.encode(sentences)
     out = reference(input_ids=enc.input_ids.to(device), attention_mask=enc.mask.long().to(device),
                     output_hidden_states=True, output_attentions=True)
@@ -387,7 +393,7 @@ def head_ablation_by_depth(model: Pretrained, sentences: list[str]) -> tuple[Ten
     dh = cfg.hidden_size // H
     own = torch.zeros(cfg.num_hidden_layers, H)
     end = torch.zeros(cfg.num_hidden_layers, H)
-    for layer, block in enumerate(model.model.layers):
+    for layer, block in enumerate(model.model.blocks):
         w = block.attn.out_proj.weight  # (d, H * dh): column block h reads head h
         for head in range(H):
             cols = slice(head * dh, (head + 1) * dh)
@@ -443,7 +449,7 @@ def transformed_norms(model: Pretrained, enc: Encoded) -> Tensor:
     dh = cfg.hidden_size // H
     device = next(model.model.parameters()).device
     norms = []
-    for layer, block in enumerate(model.model.layers):
+    for layer, block in enumerate(model.model.blocks):
         x = enc.hidden[layer].to(device)  # (B, T, d): this layer's input
         v = block.attn.v_proj(x)  # (B, T, H * dh)
         v = v.unflatten(-1, (H, dh)).transpose(1, 2)  # (B, T, H, dh) -> (B, H, T, dh)

@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from matplotlib.axes import Axes
@@ -26,12 +27,13 @@ from torch import Tensor, nn
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
 from ..multihead import MultiHeadAttention
-from ..scoring import AdditiveScorer
+from ..scoring import AdditiveScorer, ScoredSelfAttention
 from .kit import draw
-from .kit.checkers import NotYet, _call, _checker, _close, _first_match, _number, _tensor, same_as
+from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _first_match, _number, _tensor, same_as
 from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters
 from .kit.viz import PAGE_WIDTH
+from .tagging import AttentionTagger, TaggingData
 
 
 def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")) -> Diagram:
@@ -234,7 +236,7 @@ def _linears(layer: object, sizes: dict[str, int]) -> dict[str, nn.Linear]:
     if not isinstance(layer, nn.Module):
         raise NotYet(f"your class should be an nn.Module (class ...(nn.Module)), got an instance "
                      f"of {type(layer).__name__}")
-    found = {}
+    found: dict[str, nn.Linear] = {}
     given = ", ".join(f"{k}={v}" for k, v in sizes.items())
     for name, out_name in _PROJECTIONS.items():
         linear = getattr(layer, name, None)
@@ -265,6 +267,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
                 raise NotYet(f"{why}. Call super().__init__() first in your __init__") from None
             raise
     linears = _linears(layer, sizes)
+    assert isinstance(layer, nn.Module)  # _linears said so
     # weights scaled so that the scores q.k / sqrt(d_k) have unit variance: no softmax saturates
     weights = {name: torch.randn(lin.out_features, d_model, generator=g) / math.sqrt(d_model)
                for name, lin in linears.items()}
@@ -298,7 +301,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
         scores = q @ k.transpose(-2, -1) * scale  # (B, T, T)
         return (torch.softmax(scores, dim=dim) if softmax else scores) @ v
 
-    candidates = [
+    candidates: Mistakes = [
         (lambda: attend(q, k, v, scale=1.0), "forgot the scale: divide the scores by sqrt(d_k) "
          "before the softmax (with the weights copied, your output is softmax(Q K^T) V)"),
         (lambda: attend(q, k, v, scale=1 / math.sqrt(d_model)), "the scores are divided by "
@@ -318,7 +321,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
         wrong = [f"your {_ROLES[right]} come from {used}"
                  for used, right in zip(names, _PROJECTIONS, strict=True) if used != right]
         if wrong:
-            candidates.append((lambda names=names: attend(*(proj[n] for n in names)),
+            candidates.append((partial(attend, proj[names[0]], proj[names[1]], proj[names[2]]),
                                " and ".join(wrong) + ": queries, keys and values each have their "
                                "own projection, W_q, W_k and W_v"))
     hint = _first_match(got, candidates)
@@ -422,7 +425,7 @@ def _masked_additive_case(fn: object, L: int, S: int, q_dim: int, k_dim: int, ma
 
         with torch.no_grad():
             s = scorer(q, k)  # (B, L, S)
-            candidates = [
+            candidates: Mistakes = [
                 (lambda: weights(s, None), f"{given}, the mask is not applied: before the "
                  "softmax, fill the scores where the mask is False with -inf"),
                 (lambda: weights(s, dim=-2), f"{given}, the softmax runs over the queries (dim=-2): "
@@ -514,14 +517,17 @@ def _general_case(fn: object, q_shape: tuple[int, ...], k_shape: tuple[int, ...]
                          f"must hold query i's scores, shape {tuple(want.shape)}")
         got = _tensor(got, want)
         if _close(got, want):
-            out, _ = attention(q, k, v, scorer=lambda a, b: _call(fn, a, b, W))  # type: ignore[arg-type]
+            def scores(a: Tensor, b: Tensor) -> Tensor:  # the reader's, shown right just above
+                return _tensor(_call(fn, a, b, W), want)
+
+            out, _ = attention(q, k, v, scorer=scores)
             want_out, _ = attention(q, k, v, scorer=scorer)
             if not _close(out, want_out):
                 raise NotYet(f"{given}, your scores are right, but as a scorer in "
                              "scoring.attention they give another output")
             return
         kt = k.transpose(-2, -1)  # (..., Ek, S)
-        candidates = [
+        candidates: Mistakes = [
             (lambda: q @ W.T @ kt, f"{given}, W is used transposed: q^T W k is "
              "query @ W @ key^T, W of shape (query_dim, key_dim)"),
             (lambda: (q @ W.T @ kt).transpose(-2, -1), f"{given}, the scores are transposed: "
@@ -634,7 +640,7 @@ class CueGradients:
     score_weight_grad: float  # the norm of the mean loss's gradient at W^q and W^k together
 
 
-def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
+def cue_gradients(model: AttentionTagger, data: TaggingData) -> CueGradients:
     r"""For a one-head tagger (:class:`~selfattn.book.tagging.AttentionTagger` with ``scorer=...``,
     a dot-product scorer) on a tagging task: the ambiguous word's weight on its cue and the
     gradient at that score.
@@ -647,6 +653,7 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     import torch.nn.functional as F
 
     attn = model.attn
+    assert isinstance(attn, ScoredSelfAttention)  # one head of a chosen scorer
     device = next(model.parameters()).device
     kept: dict[str, Tensor] = {}
     score = attn.score
@@ -660,7 +667,7 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     was_training = model.training
     model.eval()
     model.zero_grad()
-    attn.score = keep  # the instance attribute shadows the method while we measure
+    attn.score = keep  # type: ignore[method-assign]  # the instance's shadows the method, meanwhile
     try:
         tokens, tags = data.tokens.to(device), data.tags.to(device)
         logits, weights = model(tokens, need_weights=True)  # (N, T, C), (N, 1, T, T)
@@ -675,8 +682,9 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     cue_pos = pos - data.distance.to(device)
     row = weights[rows, 0, pos].detach()  # (N, T): what the ambiguous word attends to
     at_scores = kept["scores"].grad  # (N, T, T)
+    assert at_scores is not None  # backward reached the scores
     cue_grad = at_scores[rows, pos, cue_pos]  # (N,)
-    grads = [p.grad.flatten() for p in (attn.q_proj.weight, attn.k_proj.weight)]
+    grads = [p.grad.flatten() for p in (attn.q_proj.weight, attn.k_proj.weight) if p.grad is not None]
     predicted = logits.argmax(-1)[rows, pos]
     result = CueGradients(
         cue=data.tokens[rows.cpu(), cue_pos.cpu()],

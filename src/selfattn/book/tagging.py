@@ -230,6 +230,9 @@ class AttentionTagger(nn.Module):
         assert positions in POSITIONS, f"positions: one of {POSITIONS}"
         assert scorer is None or positions not in ("rope", "alibi"), "RoPE and ALiBi need the MHA layer"
         self.positions, self.causal, self.max_len = positions, causal, max_len
+        self.n_heads = n_heads if scorer is None else 1  # a scorer's layer has one head
+        self.attn: MultiHeadAttention | ScoredSelfAttention
+        self.pe: Tensor  # the sinusoidal table, a buffer
         self.embed = nn.Embedding(vocab_size, d)
         if positions == "sinusoidal":
             self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
@@ -258,7 +261,7 @@ class AttentionTagger(nn.Module):
             x = x + self.learned(T)  # raises beyond max_len
         bias = None
         if self.positions == "alibi":
-            bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+            bias = alibi_bias(self.n_heads, T, device=tokens.device)  # (H, T, T)
         if score_bias is not None:
             bias = score_bias if bias is None else bias + score_bias  # (B, H, T, T)
         a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
@@ -332,7 +335,7 @@ class CueReport:
     decoy_weight: float  # mean weight on the decoys after the word (the head that gives most)
 
 
-def cue_report(model: torch.nn.Module, task: object) -> CueReport:
+def cue_report(model: AttentionTagger, task: TaggingData) -> CueReport:
     r"""Break one attention tagger's behaviour on a :func:`~selfattn.book.tagging.tagging_task`
     down by the cue of each sentence (the tagger returns its weights with ``need_weights``).
 
@@ -345,13 +348,12 @@ def cue_report(model: torch.nn.Module, task: object) -> CueReport:
     """
     import torch.nn.functional as F
 
-    tokens, tags = task.tokens, task.tags  # type: ignore[attr-defined]
-    position, cue_at = task.position, task.cue_position  # type: ignore[attr-defined]
-    n_cues = task.n_cues  # type: ignore[attr-defined]
+    tokens, tags = task.tokens, task.tags
+    position, cue_at, n_cues = task.position, task.cue_position, task.n_cues
     device = next(model.parameters()).device
     model.eval()
     N, T = tokens.shape
-    H = model.attn.config.n_heads  # type: ignore[union-attr]
+    H = model.n_heads
     bias = torch.zeros(N, H, T, T, device=device, requires_grad=True)  # (N, H, T, T)
     logits, w = model(tokens.to(device), need_weights=True, score_bias=bias)
     loss = F.cross_entropy(logits.flatten(0, 1), tags.to(device).flatten(), reduction="sum")
@@ -379,7 +381,7 @@ def cue_report(model: torch.nn.Module, task: object) -> CueReport:
     return CueReport(**out, decoy_weight=per_head.max().item())
 
 
-def default_sense(model: torch.nn.Module, task: object, filler: int | None = None) -> Tensor:
+def default_sense(model: nn.Module, task: TaggingData, filler: int | None = None) -> Tensor:
     """The sense a tagger gives the ambiguous word of a
     :func:`~selfattn.book.tagging.tagging_task` when its cue is gone: the cue of every sentence is
     replaced by a filler word (``filler``, default the first one, ``n_cues + 1``) and the share
@@ -387,8 +389,8 @@ def default_sense(model: torch.nn.Module, task: object, filler: int | None = Non
     tells one cue by elimination ("none of the others") gives that cue's sense here; any
     classifier falls back to some default when its evidence is removed, so read it against the
     cue the tagger ignores."""
-    tokens, position = task.tokens.clone(), task.position  # type: ignore[attr-defined]
-    cue_at, n_cues = task.cue_position, task.n_cues  # type: ignore[attr-defined]
+    tokens, position = task.tokens.clone(), task.position
+    cue_at, n_cues = task.cue_position, task.n_cues
     rows = torch.arange(len(tokens))
     tokens[rows, cue_at] = n_cues + 1 if filler is None else filler  # (N, T): no cue left
     device = next(model.parameters()).device

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -113,7 +114,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: floa
         return False
 
 
-def _seeded_layer(seed: int, *args: object, **kwargs: object) -> MultiHeadAttention:
+def _seeded_layer(seed: int, *args: Any, **kwargs: Any) -> MultiHeadAttention:
     """A :class:`MultiHeadAttention` whose weights come from ``seed``, in eval mode; the global
     random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
@@ -129,7 +130,10 @@ def _equal(got: Tensor, want: Tensor) -> bool:
         return False
 
 
-def _first_match(got: Tensor, candidates: list[tuple[Callable[[], Tensor], str]],
+Mistakes = list[tuple[Callable[[], Tensor], str]]  # each typical mistake's result (on call), its hint
+
+
+def _first_match(got: Tensor, candidates: Mistakes,
                  atol: float = 1e-3) -> str | None:
     """The hint of the first typical mistake whose result ``got`` equals, if any. Only a wrong
     answer is compared, so the tolerance can be loose: the mistakes differ from the right answer,

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import html
+from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
+from matplotlib.typing import ColorType
 
 from .viz import png_256
 
@@ -28,10 +30,10 @@ PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 p
 INK = "#222222"
 
 
-TAB = colormaps["tab10"].colors
+TAB = [to_rgb(colormaps["tab10"](i)) for i in range(10)]  # matplotlib's ten default colours
 
 
-Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]
+Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]  # the diagrams' roles
 
 
 MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
@@ -65,6 +67,7 @@ class Diagram:
 
 
 def canvas(width: float, height: float) -> tuple[Figure, Axes]:
+    """A white figure ``width`` by ``height`` inches, its one axes in inches, without axis lines."""
     fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
@@ -73,12 +76,15 @@ def canvas(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def tint(color, amount: float = 0.18) -> tuple[float, float, float]:
-    return tuple(1 - amount * (1 - c) for c in to_rgb(color))
+def tint(color: ColorType, amount: float = 0.18) -> tuple[float, float, float]:
+    """``color`` faded towards white: ``amount`` of it, the rest white."""
+    r, g, b = to_rgb(color)
+    return 1 - amount * (1 - r), 1 - amount * (1 - g), 1 - amount * (1 - b)
 
 
-def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
-         size: float = PT, family: str | None = None, fill=None, gid: str | None = None):
+def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color: ColorType = GREY, *,
+        size: float = PT, family: str | None = None, fill: ColorType | None = None,
+        gid: str | None = None) -> None:
     """A rounded box centred at ``(x, y)``, ``w`` by ``h`` inches, with ``text`` in the middle."""
     r = min(0.06, w / 4, h / 4)
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={r}",
@@ -88,14 +94,14 @@ def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=
         ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK, family=family)
 
 
-def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
-           lw: float = 1.0) -> None:
+def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color: ColorType = INK,
+          lw: float = 1.0) -> None:
     ax.annotate("", xy=end, xytext=start, arrowprops={
         "arrowstyle": "-|>,head_length=0.45,head_width=0.2", "color": color, "lw": lw,
         "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
 
 
-def text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
+def text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw: Any) -> None:
     kw.setdefault("color", INK)
     kw.setdefault("va", "center")
     ax.text(x, y, s, fontsize=size, **kw)

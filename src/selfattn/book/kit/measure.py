@@ -123,7 +123,7 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int 
             synchronize()
             wall = time.perf_counter() - start
             busy1, own1 = _cpu_busy_seconds(), time.process_time()
-            others = 0.0 if busy0 is None else (busy1 - busy0) - (own1 - own0)
+            others = 0.0 if busy0 is None or busy1 is None else (busy1 - busy0) - (own1 - own0)
             (contended[name] if others > max_others * wall + tick else kept[name].samples
              ).append(wall / n)
     for name in names:
@@ -310,7 +310,9 @@ def process_peak_memory(fn: Callable[[], object]) -> int | None:
         return None
 
     def kilobytes(field: str) -> int:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.M).group(1))
+        found = re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.M)
+        assert found, f"{status} has no {field}"  # Linux writes both fields read here
+        return int(found.group(1))
 
     before = kilobytes("VmRSS")
     result = fn()

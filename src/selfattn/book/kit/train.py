@@ -18,7 +18,7 @@ import copy
 import os
 import textwrap
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,12 +29,8 @@ from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     import pandas as pd
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 MIN_SEEDS = 10
-
-
 
 
 SEEDS_FROM = "SELFATTN_SEEDS_FROM"
