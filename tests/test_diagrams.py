@@ -535,3 +535,62 @@ def test_rolling_sink_buffer_draws_its_layout(n_sink, window, t, sliding):
         assert positions == sorted(f"{tag} position {p} {panel.kind(p, t)}" for p in range(t + 1))
         assert panel.title in strings(d)
     assert d.alt == layout.alt
+
+
+# --- the palette of models and arms ---------------------------------------------------------
+
+# Machado, Oliveira and Fernandes (2009), severity 1: dichromat vision, in linear RGB
+DICHROMAT = {
+    "protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                   [-0.003882, -0.048116, 1.051998]],
+    "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                     [-0.011820, 0.042940, 0.968881]],
+    "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
+                   [0.004733, 0.691367, 0.303900]],
+    "typical vision": np.eye(3).tolist(),
+}
+
+
+def linear_rgb(color: str) -> np.ndarray:
+    from matplotlib.colors import to_rgb
+
+    c = np.array(to_rgb(color))
+    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG 2's contrast ratio of two colours."""
+    la, lb = (float(linear_rgb(c) @ [0.2126, 0.7152, 0.0722]) for c in (a, b))
+    return (max(la, lb) + 0.05) / (min(la, lb) + 0.05)
+
+
+def lab(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of a linear RGB colour."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                    [0.0193, 0.1192, 0.9505]]) @ rgb / [0.95047, 1.0, 1.08883]
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def seen_by(color: str, vision: str) -> np.ndarray:
+    return lab(np.clip(np.array(DICHROMAT[vision]) @ linear_rgb(color), 0, 1))
+
+
+def test_every_model_and_arm_has_one_colour_legible_on_both_themes():
+    assert draw.color("MQA") == draw.PALETTE["MQA"] and draw.color("self-attention") == draw.BLUE
+    assert draw.color("rope") == draw.color("RoPE") and draw.color("scaled_dot") == draw.color("scaled dot")
+    assert {name for names in draw.FAMILIES.values() for name in names} == set(draw.PALETTE)
+    page = {"the figures' white": "#ffffff", "the dark theme's page": "#121212"}
+    for name, color in draw.PALETTE.items():
+        for where, background in page.items():  # WCAG 2.1's 3:1 for graphics
+            assert contrast(color, background) >= 3, f"{name} ({color}) on {where}"
+    with pytest.raises(KeyError):
+        draw.color("a name no chapter uses")
+
+
+@pytest.mark.parametrize("vision", list(DICHROMAT))
+def test_the_arms_a_figure_draws_together_stay_apart_in_colour_blind_vision(vision):
+    for family, names in draw.FAMILIES.items():
+        for a, b in itertools.combinations(names, 2):
+            distance = np.linalg.norm(seen_by(draw.color(a), vision) - seen_by(draw.color(b), vision))
+            assert distance > 9, f"{family}: {a} and {b} are {distance:.1f} apart in {vision}"

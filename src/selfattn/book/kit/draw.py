@@ -1,9 +1,15 @@
-r"""What the book's schematic diagrams are drawn with: data-flow pictures in matplotlib.
+r"""What the book's figures are drawn with: the schematic diagrams' primitives, and the one
+palette of the book's models and arms.
 
 Each topic's diagram functions return a :class:`Diagram`: a ``matplotlib.figure.Figure`` (made
 without pyplot) and an ``alt`` text for screen readers. Jupyter, Colab and the built book show it
 as a PNG with its alt text; it fits the page (``viz.PAGE_WIDTH`` inches at 100 dpi, text at least
 7 pt). Every label is computed from the code, so a change in the code cannot leave a stale picture.
+The diagrams colour roles (:data:`Q`, :data:`K`, :data:`V`, :data:`OUT`).
+
+A chapter's plot colours a model or an arm of an experiment with :func:`color`: one colour per
+name in every chapter (the MQA curve of chapter 7 is the MQA of chapter 11), from
+:data:`PALETTE`, Okabe and Ito's colour-blind-safe hues.
 """
 
 from __future__ import annotations
@@ -34,6 +40,54 @@ TAB = [to_rgb(colormaps["tab10"](i)) for i in range(10)]  # matplotlib's ten def
 
 
 Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]  # the diagrams' roles
+
+
+# Okabe and Ito's (2008) colour-blind-safe hues, without yellow and black (too faint on white,
+# lost on the dark theme); orange and sky blue darker than theirs, so that every colour keeps a
+# contrast of 3:1 on the figures' white and on the dark theme's page (tests/test_diagrams.py)
+BLUE, ORANGE, SKY, GREEN = "#0072B2", "#C98600", "#3A9AD3", "#009E73"
+VERMILLION, PURPLE, CONTROL = "#D55E00", "#CC79A7", "#7F7F7F"
+
+
+PALETTE: dict[str, str] = {
+    # chapter 1's taggers, and the layers it compares; attention is blue everywhere
+    "self-attention": BLUE, "window": ORANGE, "CNN": SKY, "GRU": GREEN, "causal average": PURPLE,
+    "mean-pool": CONTROL,
+    # data
+    "train": BLUE, "test": ORANGE,
+    # chapter 3's scorers
+    "scaled dot": BLUE, "dot": VERMILLION, "additive": GREEN,
+    # chapter 5's position schemes
+    "RoPE": BLUE, "sinusoidal": ORANGE, "learned": SKY, "ALiBi": PURPLE, "none": CONTROL,
+    # chapters 7 and 11: key/value heads
+    "MHA": BLUE, "GQA": GREEN, "MQA": VERMILLION,
+    # chapter 9's attention paths
+    "explicit": BLUE, "tiled": GREEN, "SDPA": ORANGE,
+    # chapter 11's decoding and its attention sinks
+    "cached": BLUE, "recompute": VERMILLION, "BOS": BLUE, "control": CONTROL,
+}
+
+
+FAMILIES: dict[str, tuple[str, ...]] = {  # the names a figure draws side by side
+    "taggers": ("self-attention", "window", "CNN", "GRU", "causal average", "mean-pool"),
+    "data": ("train", "test"),
+    "scorers": ("scaled dot", "dot", "additive"),
+    "positions": ("RoPE", "sinusoidal", "learned", "ALiBi", "none"),
+    "key/value heads": ("MHA", "GQA", "MQA"),
+    "attention paths": ("explicit", "tiled", "SDPA"),
+    "decoding": ("cached", "recompute"),
+    "sinks": ("BOS", "control"),
+}
+
+
+_BY_KEY = {name.casefold(): name for name in PALETTE}
+
+
+def color(name: str) -> str:
+    """The colour of a model or an arm, the same in every chapter: ``color("MQA")``. The names
+    are :data:`PALETTE`'s keys, case and underscores aside (``"rope"``, ``"scaled_dot"``: the
+    names the code gives them); a KeyError for any other."""
+    return PALETTE[_BY_KEY[name.casefold().replace("_", " ")]]
 
 
 MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
