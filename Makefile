@@ -84,8 +84,8 @@ browser:
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	MAKE="$(MAKE)" tools/test_all.sh
 
-# ruff over everything; mypy over the attention library (selfattn, not selfattn.book: see
-# [tool.mypy] in pyproject.toml). Both take seconds; make test starts with them.
+# ruff over everything; mypy over the package, selfattn.book included ([tool.mypy] in
+# pyproject.toml). Both take seconds; make test starts with them.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy

@@ -108,42 +108,6 @@ def test_int32_tokens_and_training_mode_work():
     assert model.embed.weight.grad is not None
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ((torch.rand(2, 5),), ValueError, "integer token ids"),
-    ((torch.zeros(5, dtype=torch.long),), ValueError, r"\(batch, seq\)"),
-    ((torch.zeros(2, 0, dtype=torch.long),), ValueError, "at least one token"),
-    ((torch.full((1, 3), V),), ValueError, r"\[0, 40\)"),
-    ((torch.full((1, 3), -1),), ValueError, "from -1"),
-    (([1, 2, 3],), TypeError, "torch.Tensor"),
-    ((torch.zeros(1, 3, dtype=torch.long), [KVCache()]), TypeError, "list of 2"),
-    ((torch.zeros(1, 3, dtype=torch.long), KVCache()), TypeError, "KVCache"),
-    ((torch.zeros(1, 3, dtype=torch.long), [KVCache(), "cache"]), TypeError, "one per block"),
-])
-def test_bad_input_is_refused(args, error, match):
-    with pytest.raises(error, match=match):
-        make_model()(*args)
-
-
-def test_one_cache_twice_and_caches_of_different_lengths_are_refused():
-    model, x = make_model(), tokens()
-    cache = KVCache()
-    with pytest.raises(ValueError, match="more than once"):
-        model(x, [cache, cache])
-    caches = model.new_caches()
-    model.blocks[0](model.embed(x[:, :2]).double(), caches[0])  # only the first block's cache fed
-    with pytest.raises(ValueError, match=r"different numbers of tokens \[2, 0\]"):
-        model(x[:, 2:3], caches)
-
-
-@pytest.mark.parametrize(("kwargs", "match"), [({"vocab_size": 0}, "vocab_size"),
-                                               ({"n_layers": 0}, "n_layers"),
-                                               ({"ffn_hidden": 0}, "ffn_hidden"),
-                                               ({"n_kv_heads": 3}, "multiple of n_kv_heads")])
-def test_bad_sizes_are_refused(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        TinyDecoder(**{"vocab_size": V, "d_model": D, "n_heads": H, **kwargs})
-
-
 # --- cache_vs_recompute -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -184,8 +148,6 @@ def test_the_work_counted(race):
     assert totals["cached"]["pairs"] < totals["recompute"]["pairs"]
     assert r.growth("recompute") > 0 and r.growth("cached") > 0
     assert isinstance(r.slope("cached"), float)
-    with pytest.raises(ValueError, match="way must be"):
-        r.growth("both")
 
 
 def test_the_race_with_paged_caches_gives_the_same_tokens():
@@ -197,17 +159,11 @@ def test_the_race_with_paged_caches_gives_the_same_tokens():
     assert r.same_tokens and r.cached_generated.shape == (1, 6)
 
 
-def test_the_race_leaves_the_models_mode_and_refuses_bad_input():
+def test_the_race_leaves_the_models_mode():
     torch.manual_seed(0)
     model = TinyDecoder(V, D, H, 1).train()
     decoding.cache_vs_recompute(model, tokens(batch=1, n=3), 2, repeats=1)
     assert model.training
-    for args, error, match in [((nn.Linear(2, 2), tokens(), 4), TypeError, "TinyDecoder"),
-                               ((model, tokens()[0], 4), ValueError, "prompt"),
-                               ((model, tokens(), 1), ValueError, "n_new"),
-                               ((model, tokens(), 4, 0), ValueError, "repeats")]:
-        with pytest.raises(error, match=match):
-            decoding.cache_vs_recompute(*args)
 
 
 # --- block_step_benchmark ---------------------------------------------------------------------

@@ -96,12 +96,6 @@ def test_a_corrupted_file_is_refused(tmp_path):
         pretrained.load(tmp_path)
 
 
-def test_bad_sentences_get_a_clear_error(ours):
-    for bad in ["", [], ["fine", "  "]]:
-        with pytest.raises(ValueError, match="non-empty sentences"):
-            ours.encode(bad)
-
-
 def test_the_weights_are_looked_for_in_order(monkeypatch, tmp_path):
     assert pretrained.find_model_dir(tmp_path) == tmp_path  # 1. the reader's folder
     installed = pretrained.find_model_dir()  # 2. the installed package
@@ -175,8 +169,6 @@ def test_word_vectors_and_pair_cosines(ours):
     torch.testing.assert_close(within[1], torch.cosine_similarity(v[0], v[2], dim=-1))
     across = pretrained.pair_cosines(v[:1], v)
     assert across.shape == (3, 7) and torch.allclose(across[0], torch.ones(7))
-    with pytest.raises(ValueError, match="'saw' is not one word piece"):
-        pretrained.word_vectors(ours, ["A bird sang."], "saw")
 
 
 def test_transformed_norms_are_the_lengths_each_head_passes_on(ours):
@@ -202,27 +194,6 @@ def test_transformed_norms_are_the_lengths_each_head_passes_on(ours):
     torch.testing.assert_close(attn.out_proj(heads), out, atol=1e-5, rtol=1e-5)
 
 
-def test_head_ablation_removes_one_head_and_restores_it(ours):
-    sentences = SENTENCES
-    before = {k: t.clone() for k, t in ours.model.state_dict().items()}
-    change = pretrained.head_ablation(ours, sentences)
-    assert change.shape == (6, 12) and (change >= 0).all() and (change > 0).any()
-    for k, t in ours.model.state_dict().items():  # every weight as it was
-        assert torch.equal(t, before[k]), k
-    # one head by hand, on a copy
-    import copy
-
-    other = copy.deepcopy(ours)
-    with torch.no_grad():
-        other.model.layers[5].attn.out_proj.weight[:, 3 * 32 : 4 * 32] = 0
-    full, cut = ours.encode(sentences), other.encode(sentences)
-    e = pretrained.sentence_embedding(full.hidden[-1], full.mask)
-    e_cut = pretrained.sentence_embedding(cut.hidden[-1], cut.mask)
-    expected = (1 - torch.cosine_similarity(e, e_cut, dim=-1)).mean()
-    torch.testing.assert_close(change[5, 3], expected, atol=1e-6, rtol=1e-4)
-    assert torch.allclose(e.norm(dim=-1), torch.ones(2))
-
-
 def test_position_ids_default_to_0_to_T_and_can_be_given(ours):
     enc = ours.encode(SENTENCES)
     ids, mask = enc.input_ids, enc.mask
@@ -235,18 +206,28 @@ def test_position_ids_default_to_0_to_T_and_can_be_given(ours):
     torch.testing.assert_close(per_row, enc.hidden, atol=1e-6, rtol=1e-6)
     assert (shifted[0] - enc.hidden[0]).abs().max() > 0.1  # another position, another input
     assert (w_shifted - w).abs().max() > 0.01
-    with pytest.raises(ValueError, match="position_ids must be"):
-        ours.model(ids, mask, position_ids=torch.arange(T + 1))
-    with pytest.raises(ValueError, match=r"position_ids must lie in 0\.\.511"):
-        ours.model(ids, mask, position_ids=torch.arange(510, 510 + T))
 
 
 @pytest.mark.slow
 def test_ablation_by_depth_and_the_code_path_floor(ours):
+    import copy
+
+    before = {k: t.clone() for k, t in ours.model.state_dict().items()}
     own, end = pretrained.head_ablation_by_depth(ours, SENTENCES)
     assert own.shape == end.shape == (6, 12) and (own > 0).all() and (end > 0).all()
     assert torch.equal(own[-1], end[-1])  # the last layer's own output is the final one
-    torch.testing.assert_close(pretrained.head_ablation(ours, SENTENCES), end)
+    for k, t in ours.model.state_dict().items():  # every weight as it was
+        assert torch.equal(t, before[k]), k
+    # one head removed by hand, on a copy
+    other = copy.deepcopy(ours)
+    with torch.no_grad():
+        other.model.layers[5].attn.out_proj.weight[:, 3 * 32 : 4 * 32] = 0
+    full, cut = ours.encode(SENTENCES), other.encode(SENTENCES)
+    e = pretrained.sentence_embedding(full.hidden[-1], full.mask)
+    e_cut = pretrained.sentence_embedding(cut.hidden[-1], cut.mask)
+    expected = (1 - torch.cosine_similarity(e, e_cut, dim=-1)).mean()
+    torch.testing.assert_close(end[5, 3], expected, atol=1e-6, rtol=1e-4)
+    assert torch.allclose(e.norm(dim=-1), torch.ones(len(SENTENCES)))
     # with no head removed, the step-by-step and the fast attention agree far below any head
     floor = pretrained.path_gap(ours, SENTENCES)
     assert 0 <= floor < 1e-6 and floor < end.min() / 100

@@ -149,18 +149,9 @@ def test_seed_range_and_data_seed_move_together(monkeypatch):
     assert train.data_seed() == 500 and train.data_seed(2) == 502
 
 
-@pytest.mark.parametrize("value", ["abc", "-3", "1.5"])
-def test_a_bad_shift_is_a_clear_error(monkeypatch, value):
-    monkeypatch.setenv(train.SEEDS_FROM, value)
-    with pytest.raises(ValueError, match=train.SEEDS_FROM):
-        train.seed_range()
-
-
 def test_fewer_than_ten_seeds_is_refused():
     with pytest.raises(ValueError, match="at least 10 seeds"):
         train.seed_range(3)
-    with pytest.raises(ValueError, match="k must be"):
-        train.data_seed(-1)
 
 
 def test_k_of_n_names_the_seeds_that_did_not_pass():
@@ -168,5 +159,3 @@ def test_k_of_n_names_the_seeds_that_did_not_pass():
     assert train.k_of_n([True, False, True, False], range(20, 24)) == \
         "2 of 4 seeds (20-23); not seeds 21, 23"
     assert train.k_of_n([False, True], [5, 6]).endswith("not seed 5")
-    with pytest.raises(ValueError, match="one flag per seed"):
-        train.k_of_n([True], [1, 2])

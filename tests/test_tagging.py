@@ -38,12 +38,6 @@ def test_distances_cover_the_requested_range_and_seed_is_deterministic():
     assert d.words(0)[d.position[0]] == "saw"
 
 
-@pytest.mark.parametrize("kwargs", [dict(min_distance=0), dict(max_distance=16), dict(vocab_size=5)])
-def test_bad_task_arguments(kwargs):
-    with pytest.raises(ValueError):
-        tagging.tagging_task(10, seq_len=16, **kwargs)
-
-
 TAGGERS = {
     "window": lambda v, c: tagging.WindowTagger(v, c, window=3),
     "cnn": lambda v, c: tagging.CNNTagger(v, c),
@@ -100,13 +94,11 @@ def test_window_parameters_grow_linearly_with_the_window():
     assert steps == {2 * 8 * 10}  # two more d-wide inputs into a hidden layer of 10
 
 
-def test_accuracy_by_distance_and_bad_length():
+def test_accuracy_by_distance():
     d = tagging.tagging_task(50, seq_len=10, seed=0)
     model = tagging.AttentionTagger(d.vocab_size, d.n_tags, max_len=16)
     acc = tagging.accuracy_by_distance(model, d)
     assert set(acc) == set(d.distance.tolist()) and all(0 <= a <= 1 for a in acc.values())
-    with pytest.raises(ValueError, match="max_len=16"):
-        model(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_neighbour_task_tags_are_the_two_neighbours():
@@ -118,8 +110,6 @@ def test_neighbour_task_tags_are_the_two_neighbours():
             left = x[t - 1] if t > 0 else 4
             right = x[t + 1] if t < 6 else 4
             assert d.tags[i, t] == left * 5 + right
-    with pytest.raises(ValueError, match="seq_len"):
-        multi_head.neighbour_task(5, seq_len=1)
 
 
 def test_recent_cue_tags_follow_an_independent_rule():
@@ -213,12 +203,6 @@ def test_train_seeds_gives_back_the_buffers_training_changed():
                                        msg=name)
 
 
-def test_train_seeds_needs_a_seed():
-    with pytest.raises(ValueError, match="at least one seed"):
-        train.train_seeds(lambda: TAGGERS["window"](20, 6), tagging.tagging_task(10, seq_len=12),
-                          seeds=[])
-
-
 def test_decoy_cues_sit_after_the_word_and_never_decide():
     d = tagging.tagging_task(300, seq_len=12, n_cues=3, decoys=2, seed=6)
     for i in range(len(d)):
@@ -230,10 +214,6 @@ def test_decoy_cues_sit_after_the_word_and_never_decide():
         assert d.tags[i, amb] == words[before[0]] - 1
         assert all(words[j] != words[before[0]] for j in cues if j > amb)  # decoys differ
         assert all(d.tags[i, j] == 3 + words[j] - 1 for j in cues)  # cues keep their own tags
-    with pytest.raises(ValueError, match="decoys"):
-        tagging.tagging_task(5, seq_len=12, decoys=-1)
-    with pytest.raises(ValueError, match="seq_len - 1 - decoys"):
-        tagging.tagging_task(5, seq_len=12, max_distance=11, decoys=1)
 
 
 def test_the_mean_pool_tagger_sees_every_word_but_not_where_it_is():
@@ -383,8 +363,6 @@ def test_seed_rows_fit_the_page_for_ten_seeds():
     assert max(len(line) for line in lines) <= 86
     assert lines[2].startswith("100") and lines[-2].split()[-1] == "95.0%"
     assert lines[-1].split()[-1] == "50.0%..100.0%"
-    with pytest.raises(ValueError, match="one value per seed"):
-        train.seed_rows({"a": [1.0]}, range(2))
 
 
 def test_seed_table_puts_ten_seeds_under_their_arm_to_fit_the_page():

@@ -20,37 +20,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, cast
 
 import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
-from ..cache import Cache, KVCache
-from ..checks import check_positive_int
+from ..cache import BlockPool, Cache, KVCache, PagedKVCache, SinkCache, SlidingWindowCache
 from ..heads import merge_heads, repeat_kv, split_heads
+from ..latent import MultiHeadLatentAttention
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..positional import apply_rope
+from .kit import draw
 from .kit.checkers import NotYet, _call, _checker, _close, _equal, _number, _seeded_layer, _tensor
-from .kit.draw import (
-    _TAB,
-    GREY,
-    INK,
-    MONO,
-    OUT,
-    Diagram,
-    K,
-    Q,
-    V,
-    _arrow,
-    _box,
-    _canvas,
-    _runs,
-    _slot_range,
-    _text,
-    _tint,
-)
+from .kit.draw import GREY, INK, MONO, OUT, Diagram, K, Q, V
 from .kit.measure import decode_bytes, synchronize
 from .kit.train import Sequences, train
 from .kit.viz import PAGE_WIDTH
@@ -89,16 +76,6 @@ def sink_task(n: int, seq_len: int = 32, vocab_size: int = 16, n_triggers: int =
     "the BOS token"). ``trigger`` marks the triggers at ``t >= lag``. The same seed always gives
     the same data.
     """
-    check_positive_int(n, "n")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(vocab_size, "vocab_size")
-    check_positive_int(n_filler_tags, "n_filler_tags")
-    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
-        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len!r}")
-    if isinstance(n_triggers, bool) or not isinstance(n_triggers, int) \
-            or not 1 <= n_triggers <= vocab_size - 2:
-        raise ValueError(f"need 1 <= n_triggers <= vocab_size - 2 = {vocab_size - 2} (BOS, the "
-                         f"triggers and at least one ordinary token), got n_triggers={n_triggers!r}")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(1, vocab_size, (n, seq_len), generator=g)  # (N, T)
     if bos:
@@ -126,7 +103,7 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
                  ffn_hidden: int | None = None) -> None:
         super().__init__()
-        ffn_hidden = 4 * d_model if ffn_hidden is None else check_positive_int(ffn_hidden, "ffn_hidden")
+        ffn_hidden = 4 * d_model if ffn_hidden is None else ffn_hidden
         self.attn_norm = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, rope=True)
         self.ffn_norm = nn.LayerNorm(d_model)
@@ -157,8 +134,7 @@ class TinyDecoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
                  n_kv_heads: int | None = None, ffn_hidden: int | None = None) -> None:
         super().__init__()
-        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
-        check_positive_int(n_layers, "n_layers")
+        self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, n_kv_heads, ffn_hidden)
                                     for _ in range(n_layers))
@@ -180,35 +156,10 @@ class TinyDecoder(nn.Module):
         values to its cache and they attend causally to everything cached, at positions
         ``cache.length, ...``. Without caches the tokens are a whole sequence from position 0.
         """
-        self._check(tokens, caches)
         x = self.embed(tokens)  # (B, T, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i])  # (B, T, d_model)
         return self.lm_head(self.norm(x))  # (B, T, vocab_size)
-
-    def _check(self, tokens: object, caches: object) -> None:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-        if tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must be (batch, seq) integer token ids, at least one token; got "
-                             f"shape {tuple(tokens.shape)}, {tokens.dtype}")
-        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got ids from "
-                             f"{int(tokens.min())} to {int(tokens.max())}")
-        if caches is None:
-            return
-        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks) \
-                or not all(isinstance(c, Cache) for c in caches):
-            got = (f"{len(caches)} items" if isinstance(caches, (list, tuple))
-                   else type(caches).__name__)
-            raise TypeError(f"caches must be a list of {len(self.blocks)} selfattn.cache.Cache "
-                            f"(one per block: model.new_caches()), got {got}")
-        if len({id(c) for c in caches}) != len(caches):
-            raise ValueError("caches holds one cache object more than once: each block needs its "
-                             "own cache (model.new_caches())")
-        if len({c.length for c in caches}) != 1:
-            raise ValueError(f"the blocks' caches hold different numbers of tokens "
-                             f"{[c.length for c in caches]}: they must be fed together")
 
 
 SINK_SHARE = 0.3
@@ -239,15 +190,6 @@ def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int 
     """
     from ..masks import to_additive
 
-    if not isinstance(data, SinkData):
-        raise TypeError(f"data must be a SinkData (from sink_task), got {type(data).__name__}")
-    T = data.tokens.shape[1]
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (T, T):
-        shown = (f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor)
-                 else type(mask).__name__)
-        raise ValueError(f"mask must be a bool ({T}, {T}) tensor, True = kept (from "
-                         f"selfattn.causal_mask({T}, window=..., n_sink=...)), got {shown}")
-    _check_first_query(first_query, T)
     model.eval()
     device = next(model.parameters()).device
     logits = model(data.tokens.to(device), score_bias=to_additive(mask.to(device)))  # (B, T, n_tags)
@@ -258,12 +200,6 @@ def cache_accuracy(model: torch.nn.Module, data, mask: Tensor, first_query: int 
 
 def _mean(right: Tensor) -> float:
     return right.float().mean().item() if right.numel() else float("nan")
-
-
-def _check_first_query(first_query: int, T: int) -> None:
-    if isinstance(first_query, bool) or not isinstance(first_query, int) \
-            or not 0 <= first_query < T:
-        raise ValueError(f"first_query must be an int in [0, {T}), got {first_query!r}")
 
 
 def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | None = None) -> Tensor:
@@ -277,24 +213,12 @@ def first_token_share(weights: Tensor, first_query: int = 0, where: Tensor | Non
     sink metric) count a head as a sink when this share exceeds :data:`SINK_SHARE`. A head that spread its
     weight evenly over the keys up to each query would put ``1 / (t + 1)`` on position 0.
     """
-    if not isinstance(weights, Tensor) or weights.dim() != 4:
-        shown = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
-        raise ValueError(f"weights must be a (B, H, T, S) tensor, got {shown}")
     B, T = weights.shape[0], weights.shape[2]
-    _check_first_query(first_query, T)
     on_first = weights[:, :, first_query:, 0]  # (B, H, Q)
     chosen = torch.ones(B, T - first_query, dtype=torch.bool, device=weights.device)  # (B, Q)
     if where is not None:
-        if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != (B, T):
-            shown = (f"{where.dtype} of shape {tuple(where.shape)}" if isinstance(where, Tensor)
-                     else type(where).__name__)
-            raise ValueError(f"where must be a bool (B, T) = {(B, T)} tensor, got {shown}")
         chosen = where[:, first_query:].to(weights.device)  # (B, Q)
-    n = chosen.sum()
-    if n == 0:
-        raise ValueError("no query left to average over: where is False at every query from "
-                         f"first_query={first_query} on")
-    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / n  # (H,)
+    return (on_first * chosen[:, None, :]).sum(dim=(0, 2)) / chosen.sum()  # (H,)
 
 
 @dataclass(frozen=True)
@@ -354,16 +278,6 @@ class SinkRecord(SinkEval):
     test: object = field(repr=False, compare=False)
 
 
-def _check_window(window: int, n_sink: int, lag: int, T: int) -> None:
-    if isinstance(window, bool) or not isinstance(window, int) or not lag < window < T:
-        raise ValueError(f"window must be an int with lag < window < seq_len ({lag} < window < "
-                         f"{T}): it must hold the token a trigger copies, and leave some out; "
-                         f"got window={window!r}")
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 1:
-        raise ValueError(f"n_sink must be an int >= 1 (the first tokens kept beside the window), "
-                         f"got {n_sink!r}")
-
-
 @torch.no_grad()
 def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) -> SinkEval:
     """Measure one causal tagger trained on :func:`~selfattn.book.decoding.sink_task`: its accuracy
@@ -379,10 +293,7 @@ def evaluate_sink(model: torch.nn.Module, test, window: int, n_sink: int = 1) ->
     """
     from ..masks import causal_mask
 
-    if not isinstance(test, SinkData):
-        raise TypeError(f"test must be a SinkData (from sink_task), got {type(test).__name__}")
     T = test.tokens.shape[1]
-    _check_window(window, n_sink, test.lag, T)
     first = window  # the first query whose window leaves position 0 out
     caches = {"full": causal_mask(T), "window_only": causal_mask(T, window=window),
               "sink_window": causal_mask(T, window=window, n_sink=n_sink)}
@@ -430,24 +341,10 @@ def sink_experiment(seeds: Sequence[int], data_seeds: tuple[int, int], *, window
     Returns ``{"BOS": [...], "control": [...]}``, one :class:`SinkRecord` per seed in the order
     of ``seeds``; :func:`sink_columns` turns an arm into columns for :func:`seed_rows`.
     """
-    from ..checks import check_positive_int
     from .kit.train import train_seeds
     from .tagging import AttentionTagger
 
     seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds must hold at least one seed")
-    if (not isinstance(data_seeds, tuple | list) or len(data_seeds) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in data_seeds)):
-        raise ValueError(f"data_seeds must be two ints, (training data, test data), got "
-                         f"{data_seeds!r}")
-    if data_seeds[0] == data_seeds[1]:
-        raise ValueError(f"data_seeds {tuple(data_seeds)}: the test data must be another draw "
-                         "than the training data")
-    check_positive_int(seq_len, "seq_len")
-    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag < seq_len:
-        raise ValueError(f"need 1 <= lag < seq_len, got lag={lag!r}, seq_len={seq_len}")
-    _check_window(window, n_sink, lag, seq_len)  # before training, not after
     task = dict(seq_len=seq_len, vocab_size=vocab_size, n_triggers=n_triggers, lag=lag)
     results = {}
     for arm, bos in (("BOS", True), ("control", False)):
@@ -473,8 +370,6 @@ def sink_columns(records: Sequence[SinkEval]) -> dict[str, list[float]]:
     :func:`~selfattn.book.kit.train.seed_table`): the accuracy with the full cache, window only and
     sink + window, and the top head's share on position 0 on the queries with nothing to fetch,
     beside what an even spread would give."""
-    if not records:
-        raise ValueError("records must hold at least one record")
     return {"full cache": [r.full["all"] for r in records],
             "window only": [r.window_only["all"] for r in records],
             "sink+window": [r.sink_window["all"] for r in records],
@@ -540,9 +435,7 @@ class CacheRace:
                 for way in ("recompute", "cached")}
 
     def _ms(self, way: str) -> list[float]:
-        if way not in ("recompute", "cached"):
-            raise ValueError(f"way must be 'recompute' or 'cached', got {way!r}")
-        return self.recompute_ms if way == "recompute" else self.cached_ms
+        return {"recompute": self.recompute_ms, "cached": self.cached_ms}[way]
 
 
 def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
@@ -551,7 +444,7 @@ def _decoder_flops(model: TinyDecoder, new: int, keys: int, batch: int) -> int:
     and ``q.k`` and ``weights.v`` for each (query, key) pair of each head (2 FLOPs a product)."""
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     pairs = new * keys - new * (new - 1) // 2  # causal pairs of the new queries
-    attn = model.blocks[0].attn.config
+    attn = cast(DecoderBlock, model.blocks[0]).attn.config
     return batch * (2 * linear * new + len(model.blocks) * 4 * attn.n_heads * attn.head_dim * pairs)
 
 
@@ -574,15 +467,6 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
     ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
     (a few seconds on one thread).
     """
-    if not isinstance(model, TinyDecoder):
-        raise TypeError(f"model must be a TinyDecoder, got {type(model).__name__}")
-    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt must be (batch, seq) token ids, at least one token; got "
-                         f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}")
-    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 2:
-        raise ValueError(f"n_new must be an int >= 2 (the prompt pass, then steps), got {n_new!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     B, P = prompt.shape
     was_training = model.training
     model.eval()
@@ -603,7 +487,7 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
     generated: dict[str, Tensor] = {}
     with torch.no_grad():
         for r in range(repeats + 1):  # round 0 warms up, untimed
-            states = {"recompute": {"seq": prompt},
+            states: dict[str, dict[str, Any]] = {"recompute": {"seq": prompt},
                       "cached": {"new": prompt,
                                  "caches": model.new_caches(make_cache, **cache_kwargs)}}
             steps = {"recompute": recompute, "cached": cached}
@@ -707,6 +591,102 @@ def block_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class HeadBoxes:
+    """One head's key and value boxes in :func:`latent_attention`'s explicit form: the left edge
+    and the widths (inches) of its own key part, of the shared rope part beside it (0 without
+    RoPE) and of its value, with their labels ("" where a box is too narrow for one)."""
+
+    left: float
+    key: float
+    rope: float
+    value: float
+    key_label: str
+    value_label: str
+
+
+@dataclass(frozen=True)
+class LatentLayout:
+    """What :func:`latent_attention` draws, computed without matplotlib from a
+    :class:`~selfattn.latent.MultiHeadLatentAttention` built on the meta device: its sizes, the
+    ``cached`` numbers per token (the layer's own count), each head's own key width (before the
+    rope part) and each head's boxes."""
+
+    d_model: int
+    n_heads: int
+    head_dim: int
+    kv_rank: int
+    rope_dim: int
+    cached: int
+    key_width: int
+    heads: list[HeadBoxes]
+
+    @property
+    def mha(self) -> int:
+        """What multi-head attention caches per token: a key and a value per head."""
+        return 2 * self.n_heads * self.head_dim
+
+    @property
+    def numbers(self) -> str:
+        return "number" if self.cached == 1 else "numbers"
+
+    @property
+    def cache_label(self) -> str:
+        r, dr = self.kv_rank, self.rope_dim
+        return f"{r} + {dr} = {self.cached} {self.numbers}" if dr else f"{r} {self.numbers}"
+
+    @property
+    def cost_label(self) -> str:
+        return (f"cache per token and layer: {self.cached} {self.numbers}; MHA's: 2 × {self.n_heads} × "
+                f"{self.head_dim} = {self.mha}; {Fraction(self.cached, self.mha)} of it")
+
+    @property
+    def per_head_label(self) -> str:
+        dr = self.rope_dim
+        key = f"key {self.key_width} + {dr} (k^R, shared)" if dr else f"key {self.key_width}"
+        return (f"per head: {key},\n          value {self.head_dim}, query {self.head_dim + dr};\n"
+                "built from every cached latent")
+
+    @property
+    def alt(self) -> str:
+        h, hd, r, dr = self.n_heads, self.head_dim, self.kv_rank, self.rope_dim
+        rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
+                " (no rope key: rope_dim is 0)")
+        return (f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden state "
+                f"of {self.d_model} numbers gives one latent c of {r} numbers{rope}; the KV cache holds "
+                f"these {self.cached} numbers per token, where multi-head attention holds 2 × {h} × "
+                f"{hd} = {self.mha}. The explicit form up-projects every cached latent with W^UK and "
+                f"W^UV into each head's key and value; the absorbed form, for decoding, folds W^UK "
+                f"into the query and W^UV into the output projection, so each head scores and sums "
+                f"the latents themselves.")
+
+
+_HEADS_FROM, _HEADS_TO = 4.25, PAGE_WIDTH - 0.1  # inches: the explicit form's heads, left to right
+
+
+def latent_layout(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
+                  d_model: int | None = None) -> LatentLayout:
+    """:func:`latent_attention`'s layout: the sizes and the cache count of the layer these
+    arguments build, and each head's key and value boxes."""
+    d_model = n_heads * head_dim if d_model is None else d_model
+    with torch.device("meta"):  # the sizes and names only: no weights are allocated
+        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
+    h, hd, dr = layer.n_heads, layer.head_dim, layer.rope_dim
+    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
+    pitch = (_HEADS_TO - _HEADS_FROM) / h
+    bw = min(0.85 * pitch, 0.6)
+    key = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    value = bw * hd / (k_width + dr)
+
+    def label(name: str, width: float) -> str:
+        return name if width >= 0.05 * len(name) + 0.04 else ""
+
+    heads = [HeadBoxes(_HEADS_FROM + pitch * i + (pitch - bw) / 2, key, bw - key if dr else 0.0, value,
+                       label(f"k{i}", key), label(f"v{i}", value)) for i in range(h)]
+    return LatentLayout(layer.d_model, h, hd, layer.kv_rank, dr, layer.cache_numbers_per_token(),
+                        k_width, heads)
+
+
 def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, rope_dim: int = 32,
                      d_model: int | None = None) -> Diagram:
     r"""Multi-head latent attention (DeepSeek-V2, §2.1): what a token leaves in the cache and the
@@ -718,118 +698,98 @@ def latent_attention(n_heads: int = 4, head_dim: int = 64, kv_rank: int = 256, r
     the query and $W^{UV}$ into the output projection, and the heads attend to the latents
     themselves (§2.1.2). Sizes, names and the cache count come from a
     :class:`~selfattn.latent.MultiHeadLatentAttention` built with these arguments
-    (``d_model`` defaults to ``n_heads * head_dim``)."""
-    from ..latent import MultiHeadLatentAttention
+    (``d_model`` defaults to ``n_heads * head_dim``; :func:`latent_layout`)."""
+    layout = latent_layout(n_heads, head_dim, kv_rank, rope_dim, d_model)
+    fig, ax = draw.canvas(PAGE_WIDTH, _LATENT_H)
+    _draw_latent_cache(ax, layout)
+    _draw_explicit(ax, layout)
+    _draw_absorbed(ax, layout)
+    draw.text(ax, 0.1, 0.17, layout.cost_label, size=8, family=MONO)
+    return Diagram(fig, layout.alt)
 
-    check_positive_int(n_heads, "n_heads", most=8)
-    for value, name in [(head_dim, "head_dim"), (kv_rank, "kv_rank")]:
-        check_positive_int(value, name, most=9999)
-    d_model = n_heads * head_dim if d_model is None else check_positive_int(d_model, "d_model",
-                                                                            most=99999)
-    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
-        raise TypeError(f"rope_dim must be an int, got {type(rope_dim).__name__}")
-    if not 0 <= rope_dim <= 9998:  # the layer checks that it is even
-        raise ValueError(f"rope_dim must be from 0 to 9998, got {rope_dim}")
-    with torch.device("meta"):  # the sizes and names only: no weights are allocated
-        layer = MultiHeadLatentAttention(d_model, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
-    h, hd, r, dr = layer.n_heads, layer.head_dim, layer.kv_rank, layer.rope_dim
-    cached, mha = layer.cache_numbers_per_token(), 2 * h * hd
-    k_width = layer.k_up.out_features // h  # per head, before the rope part is appended
-    W, H = PAGE_WIDTH, 4.9
-    ROPE, CACHE = _TAB[5], _TAB[3]
-    fig, ax = _canvas(W, H)
-    mono = {"family": MONO, "size": 8}
-    _text(ax, 0.1, H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
-    # the token: its hidden state
+
+_ROPE, _CACHE = draw.TAB[5], draw.TAB[3]
+_LATENT_H = 4.9  # the figure's height, inches
+_LATENT_X, _LATENT_W, _LATENT_Y, _ROPE_Y = 2.22, 1.45, 3.15, 1.95  # the cache column, inches
+_MONO8: dict[str, Any] = {"family": MONO, "size": 8}
+
+
+def _draw_latent_cache(ax: Axes, layout: LatentLayout) -> None:
+    """The token's hidden state, and the cache: the latent and the shared rope key, all a token
+    leaves behind."""
+    x_c, cw, y_c, y_r = _LATENT_X, _LATENT_W, _LATENT_Y, _ROPE_Y
+    r, dr = layout.kv_rank, layout.rope_dim
+    draw.text(ax, 0.1, _LATENT_H - 0.3, "multi-head latent attention\n(DeepSeek-V2, §2.1)", size=8.5)
     x_h, y_h = 0.55, 2.55
-    _text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
-    _box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layer.d_model},)", GREY, size=8.5, family=MONO)
-    # the cache: the latent and the shared rope key, all a token leaves behind
-    x_c, cw, y_c, y_r = 2.22, 1.45, 3.15, 1.95
+    draw.text(ax, x_h, y_h + 0.5, "token t", ha="center", size=8.5, weight="bold")
+    draw.box(ax, x_h, y_h, 0.9, 0.55, f"h_t\n({layout.d_model},)", GREY, size=8.5, family=MONO)
     ax.add_patch(FancyBboxPatch((x_c - cw / 2 - 0.08, y_r - 0.4), cw + 0.16, y_c - y_r + 0.82,
-                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=_tint(CACHE, 0.08),
-                                edgecolor=CACHE, linewidth=1.0, linestyle="--", gid="cache"))
-    _text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
-    _box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", CACHE, size=8, family=MONO, gid="latent")
+                                boxstyle="round,pad=0,rounding_size=0.08", facecolor=draw.tint(_CACHE, 0.08),
+                                edgecolor=_CACHE, linewidth=1.0, linestyle="--", gid="cache"))
+    draw.text(ax, x_c, y_c + 0.56, "KV cache, per token", ha="center", size=8.5, weight="bold")
+    draw.box(ax, x_c, y_c, cw, 0.55, f"kv_down → c_t\n({r},)", _CACHE, size=8, family=MONO, gid="latent")
     ax.patches[-1].set_linewidth(2.0)  # the latent: the one thing every head shares
     if dr:
-        _box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", ROPE, size=8, family=MONO,
-             gid="rope key")
+        draw.box(ax, x_c, y_r, cw, 0.5, f"k_rope, RoPE → k^R_t\n({dr},)", _ROPE, size=8, family=MONO,
+                 gid="rope key")
     else:
-        _text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
-    numbers = "number" if cached == 1 else "numbers"
-    _text(ax, x_c, y_r - 0.55, f"{r} + {dr} = {cached} {numbers}" if dr else f"{r} {numbers}",
-          ha="center", **mono)
-    _arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
+        draw.text(ax, x_c, y_r, "no rope key\n(rope_dim = 0)", ha="center", size=8, color=GREY)
+    draw.text(ax, x_c, y_r - 0.55, layout.cache_label, ha="center", **_MONO8)
+    draw.arrow(ax, (x_h + 0.45, y_h + 0.12), (x_c - cw / 2 - 0.1, y_c - 0.05))
     if dr:
-        _arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
-    # explicit: every cached latent up-projected to every head's key and value
+        draw.arrow(ax, (x_h + 0.45, y_h - 0.12), (x_c - cw / 2 - 0.1, y_r + 0.05))
+
+
+def _draw_explicit(ax: Axes, layout: LatentLayout) -> None:
+    """The explicit form: every cached latent up-projected to every head's key and value."""
     x0 = 3.2  # the right half starts here
-    _text(ax, x0, H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
-    y_k, y_v = 4.15, 3.6
-    x_lab, x1, x2 = x0 + 0.05, 4.25, W - 0.1  # the labels, then the heads from x1 to x2
-    pitch = (x2 - x1) / h
-    bw = min(0.85 * pitch, 0.6)
-    content = bw * k_width / (k_width + dr)  # a key box: its own part, then the shared rope part
+    draw.text(ax, x0, _LATENT_H - 0.2, "explicit: up-project every cached latent", size=8.5, weight="bold")
+    y_k, y_v, x_lab = 4.15, 3.6, x0 + 0.05
     for y, name, color, label in [(y_k, "k_up", K, r"$W^{UK}$"), (y_v, "v_up", V, r"$W^{UV}$")]:
-        _text(ax, x_lab, y, name, **mono)
-        _text(ax, x_lab + 0.4, y, label, size=10)
-        _arrow(ax, (x_c + cw / 2 + 0.02, y_c + 0.1), (x_lab - 0.04, y), CACHE)
-        for i in range(h):
-            left = x1 + pitch * i + (pitch - bw) / 2
-            width = content if name == "k_up" else bw * hd / (k_width + dr)
-            label = f"{name[0]}{i}" if width >= 0.05 * len(f"{name[0]}{i}") + 0.04 else ""
-            _box(ax, left + width / 2, y, width, 0.28, label, color, size=8, family=MONO,
-                 gid=f"{name[0]}{i}")
-            if name == "k_up" and dr:
-                _box(ax, left + content + (bw - content) / 2, y, bw - content, 0.28, "", ROPE,
-                     gid=f"rope{i}")
-    key = f"key {k_width} + {dr} (k^R, shared)" if dr else f"key {k_width}"
-    _text(ax, x_lab, y_v - 0.3, f"per head: {key},\n          value {hd}, query {hd + dr};\n"
-          "built from every cached latent", va="top", linespacing=1.3, **mono)
-    # absorbed: the heads attend to the latents themselves
-    _text(ax, x0, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
+        draw.text(ax, x_lab, y, name, **_MONO8)
+        draw.text(ax, x_lab + 0.4, y, label, size=10)
+        draw.arrow(ax, (_LATENT_X + _LATENT_W / 2 + 0.02, _LATENT_Y + 0.1), (x_lab - 0.04, y), _CACHE)
+        for i, head in enumerate(layout.heads):
+            width, text = (head.key, head.key_label) if name == "k_up" else (head.value, head.value_label)
+            draw.box(ax, head.left + width / 2, y, width, 0.28, text, color, size=8, family=MONO,
+                     gid=f"{name[0]}{i}")
+            if name == "k_up" and head.rope:
+                draw.box(ax, head.left + head.key + head.rope / 2, y, head.rope, 0.28, "", _ROPE,
+                         gid=f"rope{i}")
+    draw.text(ax, x_lab, y_v - 0.3, layout.per_head_label, va="top", linespacing=1.3, **_MONO8)
+
+
+def _draw_absorbed(ax: Axes, layout: LatentLayout) -> None:
+    """The absorbed form (decoding): the heads attend to the latents themselves."""
+    draw.text(ax, 3.2, 2.45, "absorbed (decoding): no per-head key or value", size=8.5, weight="bold")
     y_s, y_o = 1.85, 0.95
-    xb, xa, bw2 = 4.05, 5.9, 1.55
-    rope_score = r" + q_i^{R\top} k^R_j" if dr else ""
-    _box(ax, xb, y_s, bw2, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
-         size=10, gid="scores")
-    _box(ax, xa, y_s, bw2, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
-         Q, size=10, gid="query")
-    _box(ax, xb, y_o, bw2, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", CACHE, size=10,
-         gid="weighted latents")
-    _box(ax, xa, y_o, bw2, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT, size=10,
-         gid="output")
-    _arrow(ax, (xa - bw2 / 2 - 0.02, y_s), (xb + bw2 / 2 + 0.02, y_s), Q)
-    _arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
-    _arrow(ax, (xb + bw2 / 2 + 0.02, y_o), (xa - bw2 / 2 - 0.02, y_o), OUT)
-    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.15), (xb - bw2 / 2 - 0.02, y_s + 0.15), CACHE)
-    _arrow(ax, (x_c + cw / 2 + 0.02, y_c - 0.25), (xb - bw2 / 2 - 0.02, y_o + 0.1), CACHE)
-    if dr:
-        _arrow(ax, (x_c + cw / 2 + 0.02, y_r), (xb - bw2 / 2 - 0.02, y_s - 0.1), ROPE)
-    _text(ax, xa, y_o - 0.45, f"z_i: ({r},) per head", ha="center", **mono)
-    # what the cache costs, against multi-head attention
-    share = Fraction(cached, mha)
-    _text(ax, 0.1, 0.17, f"cache per token and layer: {cached} {numbers}; MHA's: 2 × {h} × {hd} = "
-          f"{mha}; {share} of it", size=8, family=MONO)
-    alt_rope = (f" and one rotated rope key of {dr} numbers shared by every head" if dr else
-                " (no rope key: rope_dim is 0)")
-    return Diagram(fig, f"Multi-head latent attention with {h} heads of {hd} features: a token's hidden "
-                        f"state of {layer.d_model} numbers gives one latent c of {r} numbers{alt_rope}; "
-                        f"the KV cache holds these {cached} numbers per token, where multi-head "
-                        f"attention holds 2 × {h} × {hd} = {mha}. The explicit form up-projects every "
-                        f"cached latent with W^UK and W^UV into each head's key and value; the absorbed "
-                        f"form, for decoding, folds W^UK into the query and W^UV into the output "
-                        f"projection, so each head scores and sums the latents themselves.")
+    xb, xa, bw = 4.05, 5.9, 1.55
+    x_c = _LATENT_X + _LATENT_W / 2 + 0.02  # the cache's right edge
+    rope_score = r" + q_i^{R\top} k^R_j" if layout.rope_dim else ""
+    draw.box(ax, xb, y_s, bw, 0.62, f"scores, per head\n$\\tilde q_i^\\top c_j{rope_score}$", GREY,
+             size=10, gid="scores")
+    draw.box(ax, xa, y_s, bw, 0.62, "query, per head\n" r"$\tilde q_i = W_i^{UK\top} W^Q_i h_t$",
+             Q, size=10, gid="query")
+    draw.box(ax, xb, y_o, bw, 0.62, "weights × latents\n" r"$z_i = \Sigma_j\, a_{ij}\, c_j$", _CACHE,
+             size=10, gid="weighted latents")
+    draw.box(ax, xa, y_o, bw, 0.62, "out_proj, absorbed\n" r"$\Sigma_i\, W^O_i W_i^{UV} z_i$", OUT,
+             size=10, gid="output")
+    draw.arrow(ax, (xa - bw / 2 - 0.02, y_s), (xb + bw / 2 + 0.02, y_s), Q)
+    draw.arrow(ax, (xb, y_s - 0.31), (xb, y_o + 0.31))
+    draw.arrow(ax, (xb + bw / 2 + 0.02, y_o), (xa - bw / 2 - 0.02, y_o), OUT)
+    draw.arrow(ax, (x_c, _LATENT_Y - 0.15), (xb - bw / 2 - 0.02, y_s + 0.15), _CACHE)
+    draw.arrow(ax, (x_c, _LATENT_Y - 0.25), (xb - bw / 2 - 0.02, y_o + 0.1), _CACHE)
+    if layout.rope_dim:
+        draw.arrow(ax, (x_c, _ROPE_Y), (xb - bw / 2 - 0.02, y_s - 0.1), _ROPE)
+    draw.text(ax, xa, y_o - 0.45, f"z_i: ({layout.kv_rank},) per head", ha="center", **_MONO8)
 
 
-def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[object, list]:
+def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int
+               ) -> tuple[BlockPool, list[PagedKVCache]]:
     """A :class:`~selfattn.cache.BlockPool` and one :class:`~selfattn.cache.PagedKVCache` per
     request, decoded side by side: every step, each unfinished request appends one token, whose key
     holds its position and whose value its request's index (one head of width 1). The pool starts
     as NaN, so a slot no token was written to reads as empty."""
-    from ..cache import BlockPool, PagedKVCache
-
     pool = BlockPool(n_blocks, block_size, 1, 1, dtype=torch.float64)
     pool.k.fill_(math.nan)
     pool.v.fill_(math.nan)
@@ -840,6 +800,126 @@ def _paged_run(lengths: Sequence[int], block_size: int, n_blocks: int) -> tuple[
                 cache.append(torch.full((1, 1, 1, 1), float(step), dtype=torch.float64),
                              torch.full((1, 1, 1, 1), float(r), dtype=torch.float64))
     return pool, caches
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of :func:`paged_block_table`: its left edge (inches), the request it belongs to
+    (an index into the names, None for a free block) and the position each slot holds (None:
+    allocated, no token yet)."""
+
+    x: float
+    request: int | None
+    slots: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """What :func:`paged_block_table` draws, computed from a real pool without matplotlib: each
+    request's ``block_tables`` and ``logical`` blocks (their headers centred at ``header_x``),
+    the pool's ``physical`` blocks by number, the ``free`` list, each request's ``unused`` slots,
+    a block's ``width`` (inches) and whether each slot is wide enough to hold its number."""
+
+    lengths: list[int]
+    block_size: int
+    names: str
+    block_tables: list[list[int]]
+    logical: list[list[Block]]
+    header_x: list[float]
+    physical: list[Block]
+    free: list[int]
+    unused: list[int]
+    width: float
+    labelled: bool
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Each request's name and token count, and its block table, as printed above it."""
+        return [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+                for name, n, table in zip(self.names, self.lengths, self.block_tables, strict=True)]
+
+    @property
+    def alt(self) -> str:
+        maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
+                         for name, n, table in zip(self.names, self.lengths, self.block_tables,
+                                                   strict=True))
+        n, total = len(self.lengths), sum(map(len, self.block_tables)) * self.block_size
+        return (f"PagedAttention: {n} request{'s' if n > 1 else ''} decoded side by side store their "
+                f"keys and values in blocks of {self.block_size} tokens taken from one shared pool "
+                f"of {len(self.physical)} physical blocks; {maps}. Each request's logical blocks map "
+                f"onto physical blocks that need not be adjacent; only each request's last block is "
+                f"partly filled ({sum(self.unused)} unused slots of {total}), and blocks "
+                f"{self.free} are free.")
+
+
+_PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP = 0.1, 0.06, 0.3  # inches: the sides, between blocks, requests
+
+
+def paged_layout(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
+                 n_blocks: int | None = None) -> PagedLayout:
+    """:func:`paged_block_table`'s layout: the requests decoded through a real pool
+    (:func:`_paged_run`), the tables and every slot read back from it, and where each block goes
+    on a page ``PAGE_WIDTH`` wide."""
+    lengths = list(lengths)
+    needed = sum(math.ceil(n / block_size) for n in lengths)
+    n_blocks = needed + 2 if n_blocks is None else n_blocks
+    pool, caches = _paged_run(lengths, block_size, n_blocks)
+    tables = [list(c.block_table) for c in caches]
+    names = "ABCD"[:len(lengths)]
+    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
+               for name, n, table in zip(names, lengths, tables, strict=True)]
+    bw, groups = _block_width(tables, headers, n_blocks)
+    physical = _physical_blocks(pool, tables, bw)
+    # each request's logical blocks under its header, the requests side by side, centred
+    margin, gap_b, gap_r = _PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP
+    x = margin + (PAGE_WIDTH - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
+    logical, header_x = [], []
+    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
+        mid = x + group / 2
+        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
+        positions = [range(j * block_size, (j + 1) * block_size) for j in range(len(table))]
+        logical.append([Block(left + j * (bw + gap_b), r, tuple(p if p < n else None for p in span))
+                        for j, span in enumerate(positions)])
+        header_x.append(mid)
+        x += group + gap_r
+    slot_bytes = pool.bytes_per_block // block_size
+    return PagedLayout(lengths, block_size, names, tables, logical, header_x, physical,
+                       list(pool.free_blocks),
+                       [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches], bw,
+                       labelled=bw / block_size >= 0.16)  # room for a two-digit position in a slot
+
+
+def _block_width(tables: list[list[int]], headers: list[tuple[str, str]], n_blocks: int
+                 ) -> tuple[float, list[float]]:
+    """A block's width (inches) and the width of each request's group (its blocks, or its header
+    where that is wider): as wide as the pool's blocks allow, narrower until the requests fit
+    side by side."""
+    W, margin, gap_b, gap_r = PAGE_WIDTH, _PAGE_MARGIN, _BLOCK_GAP, _REQUEST_GAP
+    widths = [max(0.075 * len(top), 0.067 * len(table)) + 0.1 for top, table in headers]
+    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)
+    while True:
+        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, w) for t, w in zip(tables, widths, strict=True)]
+        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
+            return bw, groups
+        bw -= 0.02
+
+
+def _physical_blocks(pool: BlockPool, tables: list[list[int]], bw: float) -> list[Block]:
+    """The pool's blocks, left to right by number and centred, each slot read back from the
+    pool: the position its key holds, the request its value names."""
+    W, margin, n_blocks = PAGE_WIDTH, _PAGE_MARGIN, pool.n_blocks
+    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
+    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
+    owner = {b: r for r, table in enumerate(tables) for b in table}
+    pitch = min((W - 2 * margin - bw) / max(n_blocks - 1, 1), bw + 0.3)
+    shift = (W - (margin + (n_blocks - 1) * pitch + bw) - margin) / 2
+    blocks = []
+    for b in range(n_blocks):
+        r = owner.get(b)
+        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
+        blocks.append(Block(margin + b * pitch + shift, r,
+                            tuple(None if math.isnan(p) else int(p) for p in stored_pos[b])))
+    return blocks
 
 
 def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
@@ -853,125 +933,80 @@ def paged_block_table(lengths: Sequence[int] = (10, 6, 7), block_size: int = 4,
     Drawn from a real pool: the requests (1 to 4, of ``lengths`` tokens) decode side by side, one
     token each per step, through :class:`~selfattn.cache.PagedKVCache`, so their blocks interleave
     in the pool. The tables, the token in every physical slot (read back from the pool's ``k``),
-    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own.
-    ``n_blocks`` defaults to the blocks the requests need plus two free ones."""
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
-        raise ValueError(f"lengths must be a sequence of 1 to 4 token counts, got {lengths!r}")
-    lengths = list(lengths)
-    if not 1 <= len(lengths) <= 4:
-        raise ValueError(f"lengths must hold 1 to 4 token counts (one per request), got {len(lengths)}")
-    for n in lengths:
-        check_positive_int(n, "each length", most=99)
-    check_positive_int(block_size, "block_size", most=8)
-    needed = sum(math.ceil(n / block_size) for n in lengths)
-    n_blocks = needed + 2 if n_blocks is None else check_positive_int(n_blocks, "n_blocks")
-    if not needed <= n_blocks <= 12:
-        raise ValueError(f"n_blocks must be from the {needed} blocks the requests need to 12 (to fit "
-                         f"the page), got {n_blocks}")
-    pool, caches = _paged_run(lengths, block_size, n_blocks)
-    tables = [list(c.block_table) for c in caches]
-    names = "ABCD"[:len(lengths)]
-    colors = [Q, K, V, OUT]
-    stored_pos = pool.k[:, 0, :, 0].tolist()  # (n_blocks, block_size): the position in each slot
-    stored_req = pool.v[:, 0, :, 0].tolist()  # ... and the request it belongs to
-    owner = {b: r for r, table in enumerate(tables) for b in table}
-    slot_bytes = pool.bytes_per_block // block_size
-    unused = [(c.allocated_bytes - c.nbytes) // slot_bytes for c in caches]
-    W, H = PAGE_WIDTH, 4.1
-    fig, ax = _canvas(W, H)
-    mono = {"family": MONO, "size": 8}
-    bold = {"size": 8.5, "weight": "bold"}
-    headers = [(f"{name}: {n} token{'s' if n > 1 else ''}", f"block_table {table}")
-               for name, n, table in zip(names, lengths, tables, strict=True)]
-    gap_b, gap_r, margin = 0.06, 0.3, 0.1  # between blocks, between requests, at the sides
+    the free list and the unused slots (``allocated_bytes - nbytes``) are the caches' own
+    (:func:`paged_layout`). ``n_blocks`` defaults to the blocks the requests need plus two free
+    ones."""
+    layout = paged_layout(lengths, block_size, n_blocks)
+    return Diagram(_draw_paged(layout), layout.alt)
 
-    def header_width(r: int) -> float:
-        return max(0.075 * len(headers[r][0]), 0.067 * len(headers[r][1])) + 0.1
 
-    bw = min(0.9, (W - 2 * margin - (n_blocks - 1) * gap_b) / n_blocks)  # a block's width
-    while True:  # narrower blocks until the requests, each under its header, fit side by side
-        groups = [max(len(t) * bw + (len(t) - 1) * gap_b, header_width(r)) for r, t in enumerate(tables)]
-        if sum(groups) + gap_r * (len(groups) - 1) <= W - 2 * margin or bw < 0.2:
-            break
-        bw -= 0.02
-    cw = bw / block_size  # a slot's width
-    labelled = cw >= 0.16  # room for a two-digit position in each slot
-    ch = 0.3
-    y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
-    _text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
-          "one shared pool", **bold)
-    _text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
-          "one token each per step, so their blocks interleave", size=8)
+_REQUEST_COLORS, _SLOT_HEIGHT = (Q, K, V, OUT), 0.3
 
-    def block(x: float, y: float, r: int | None, cells: list[tuple[str, bool]], gid: str,
-              text_gid: str) -> None:
-        """A block of ``block_size`` slots, left edge at ``x``: each slot's label and whether a
-        token fills it (an empty slot is hatched: room allocated, not used)."""
-        color = GREY if r is None else colors[r]
-        ax.add_patch(FancyBboxPatch((x, y - ch / 2), bw, ch, boxstyle="round,pad=0,rounding_size=0.04",
-                                    facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
-        for s, (label, full) in enumerate(cells):
-            fill = _tint(color, 0.3) if full else "white"
-            ax.add_patch(FancyBboxPatch((x + s * cw + 0.015, y - ch / 2 + 0.03), cw - 0.03, ch - 0.06,
-                                        boxstyle="square,pad=0", facecolor=fill, edgecolor="none",
-                                        hatch=None if full or r is None else "////", zorder=2))
-            if r is not None and not full:
-                ax.patches[-1].set_edgecolor(_tint(color, 0.5))
-                ax.patches[-1].set_linewidth(0)
-            if label and labelled:
-                _text(ax, x + (s + 0.5) * cw, y, label, size=7.5, ha="center", zorder=3,
+
+def _draw_block(ax: Axes, block: Block, y: float, width: float, labelled: bool, gid: str,
+                text_gid: str) -> None:
+    """A block of slots, left edge at ``block.x``: a filled slot tinted and numbered (where
+    ``labelled``), an empty one hatched (room allocated, not used) or, in a free block, blank."""
+    h, cw = _SLOT_HEIGHT, width / len(block.slots)
+    color = GREY if block.request is None else _REQUEST_COLORS[block.request]
+    ax.add_patch(FancyBboxPatch((block.x, y - h / 2), width, h, boxstyle="round,pad=0,rounding_size=0.04",
+                                facecolor="white", edgecolor=color, linewidth=1.2, gid=gid, zorder=2))
+    for s, p in enumerate(block.slots):
+        full = p is not None
+        slot = FancyBboxPatch((block.x + s * cw + 0.015, y - h / 2 + 0.03), cw - 0.03, h - 0.06,
+                              boxstyle="square,pad=0", facecolor=draw.tint(color, 0.3) if full else "white",
+                              edgecolor="none", hatch=None if full or block.request is None else "////",
+                              zorder=2)
+        ax.add_patch(slot)
+        if block.request is not None and not full:
+            slot.set_edgecolor(draw.tint(color, 0.5))
+            slot.set_linewidth(0)
+        if full and labelled:
+            draw.text(ax, block.x + (s + 0.5) * cw, y, str(p), size=7.5, ha="center", zorder=3,
                       gid=f"{text_gid}.{s}")
 
-    # the pool's physical blocks, left to right by number
-    pitch_p = (W - 2 * margin - bw) / max(n_blocks - 1, 1)
-    x_phys = [margin + b * min(pitch_p, bw + 0.3) for b in range(n_blocks)]
-    shift = (W - (x_phys[-1] + bw) - margin) / 2
-    x_phys = [x + shift for x in x_phys]
-    for b in range(n_blocks):
-        r = owner.get(b)
-        cells = [("" if math.isnan(p) else str(int(p)), not math.isnan(p)) for p in stored_pos[b]]
-        assert r is None or all(math.isnan(q) or int(q) == r for q in stored_req[b])
-        block(x_phys[b], y_phys, r, cells, f"physical {b}: " + ("free" if r is None else names[r]),
-              f"physical {b}")
-        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center", weight="bold")
-        _text(ax, x_phys[b] + bw / 2, y_phys - ch / 2 - 0.33, "free" if r is None else names[r], size=8,
-              ha="center", color=GREY if r is None else INK)
-    _text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks={n_blocks}, "
-          f"block_size={block_size}), shared; under each, its number and the request holding it",
-          size=8)
-    # each request's logical blocks, and an arrow from each to the physical block it maps to
-    x = margin + (W - 2 * margin - sum(groups) - gap_r * (len(groups) - 1)) / 2
-    for r, (table, n, group) in enumerate(zip(tables, lengths, groups, strict=True)):
-        mid = x + group / 2
-        _text(ax, mid, y_head + 0.12, headers[r][0], ha="center", **bold)
-        _text(ax, mid, y_head - 0.1, headers[r][1], ha="center", gid=f"table {names[r]}", **mono)
-        left = mid - (len(table) * bw + (len(table) - 1) * gap_b) / 2
-        for j, b in enumerate(table):
-            xj = left + j * (bw + gap_b)
-            cells = [(str(p), True) if p < n else ("", False)
-                     for p in range(j * block_size, (j + 1) * block_size)]
-            block(xj, y_log, r, cells, f"logical {names[r]}{j} -> {b}", f"logical {names[r]}{j}")
-            _arrow(ax, (xj + bw / 2, y_log - ch / 2 - 0.02), (x_phys[b] + bw / 2, y_phys + ch / 2 + 0.03),
-                   colors[r], lw=0.9)
-        x += group + gap_r
-    waste = " + ".join(str(u) for u in unused)
-    total = sum(len(t) for t in tables) * block_size
-    free = pool.free_blocks
-    _text(ax, margin, 0.38, f"unused slots (hatched, only in each last block): {waste} = {sum(unused)} "
-          f"of {total} allocated", size=8)
-    _text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)", size=8,
-          family=MONO)
-    maps = "; ".join(f"request {name} ({n} tokens) has block table {table}"
-                     for name, n, table in zip(names, lengths, tables, strict=True))
-    return Diagram(fig, f"PagedAttention: {len(lengths)} request{'s' if len(lengths) > 1 else ''} decoded "
-                        f"side by side store their keys and values in blocks of {block_size} tokens "
-                        f"taken from one shared pool of {n_blocks} physical blocks; {maps}. Each "
-                        f"request's logical blocks map onto physical blocks that need not be adjacent; "
-                        f"only each request's last block is partly filled ({sum(unused)} unused slots "
-                        f"of {total}), and blocks {free} are free.")
+
+def _draw_paged(layout: PagedLayout) -> Figure:
+    W, H, margin = PAGE_WIDTH, 4.1, _PAGE_MARGIN
+    bw, ch, names = layout.width, _SLOT_HEIGHT, layout.names
+    fig, ax = draw.canvas(W, H)
+    mono: dict[str, Any] = {"family": MONO, "size": 8}
+    bold: dict[str, Any] = {"size": 8.5, "weight": "bold"}
+    y_title, y_head, y_log, y_phys = H - 0.2, H - 0.88, H - 1.5, 1.3
+    draw.text(ax, margin, y_title, "PagedAttention: block tables map each request's logical blocks onto "
+              "one shared pool", **bold)
+    draw.text(ax, margin, y_title - 0.24, "(Kwon et al. 2023, §4.1–4.2); the requests decode side by side, "
+              "one token each per step, so their blocks interleave", size=8)
+    for b, block in enumerate(layout.physical):
+        holder = "free" if block.request is None else names[block.request]
+        _draw_block(ax, block, y_phys, bw, layout.labelled, f"physical {b}: {holder}", f"physical {b}")
+        draw.text(ax, block.x + bw / 2, y_phys - ch / 2 - 0.14, str(b), size=8.5, ha="center",
+                  weight="bold")
+        draw.text(ax, block.x + bw / 2, y_phys - ch / 2 - 0.33, holder, size=8, ha="center",
+                  color=GREY if block.request is None else INK)
+    draw.text(ax, margin, y_phys - ch / 2 - 0.62, f"physical blocks: BlockPool(n_blocks="
+              f"{len(layout.physical)}, block_size={layout.block_size}), shared; under each, its number "
+              "and the request holding it", size=8)
+    for r, (blocks, table, mid) in enumerate(zip(layout.logical, layout.block_tables, layout.header_x,
+                                                 strict=True)):
+        top, table_text = layout.headers[r]
+        draw.text(ax, mid, y_head + 0.12, top, ha="center", **bold)
+        draw.text(ax, mid, y_head - 0.1, table_text, ha="center", gid=f"table {names[r]}", **mono)
+        for j, (block, b) in enumerate(zip(blocks, table, strict=True)):
+            _draw_block(ax, block, y_log, bw, layout.labelled, f"logical {names[r]}{j} -> {b}",
+                        f"logical {names[r]}{j}")
+            draw.arrow(ax, (block.x + bw / 2, y_log - ch / 2 - 0.02),
+                       (layout.physical[b].x + bw / 2, y_phys + ch / 2 + 0.03), _REQUEST_COLORS[r], lw=0.9)
+    total = sum(map(len, layout.block_tables)) * layout.block_size
+    draw.text(ax, margin, 0.38, "unused slots (hatched, only in each last block): "
+              f"{' + '.join(map(str, layout.unused))} = {sum(layout.unused)} of {total} allocated", size=8)
+    free = layout.free
+    draw.text(ax, margin, 0.16, f"free list: {free}" if free else "free list: empty (the pool is full)",
+              size=8, family=MONO)
+    return fig
 
 
-def _rolling_run(cache, t: int) -> tuple[list[int], int]:
+def _rolling_run(cache: SinkCache | SlidingWindowCache, t: int) -> tuple[list[int], int]:
     """Feed ``cache`` (a fresh :class:`~selfattn.cache.SinkCache` or
     :class:`~selfattn.cache.SlidingWindowCache`) ``t`` tokens one at a time, each key holding its
     own position; return the position each buffer slot holds now, read back from the cache's
@@ -979,9 +1014,80 @@ def _rolling_run(cache, t: int) -> tuple[list[int], int]:
     for p in range(t):
         x = torch.full((1, 1, 1, 1), float(p), dtype=torch.float64)
         cache.append(x, x)
+    assert cache._k is not None  # t > 0 tokens appended
     held = [int(p) for p in cache._k[0, 0, :, 0].tolist()]  # (n_sink + window,): its buffer, read back
     nxt = int(cache._slots(torch.tensor([t]))[0])  # where append writes position t
     return held, nxt
+
+
+@dataclass(frozen=True)
+class RollingPanel:
+    """One cache of :func:`rolling_sink_buffer` after ``t`` tokens: its ``tag`` and ``title``,
+    its ``n_sink`` sinks, the position each buffer slot holds (``held``, read back from the
+    cache) and the slot position ``t`` goes to next."""
+
+    tag: str
+    title: str
+    n_sink: int
+    held: list[int]
+    next_slot: int
+
+    def kind(self, p: int, t: int) -> str:
+        """What position ``p`` is after ``t`` tokens: ``"next"`` (``p == t``), ``"sink"``,
+        ``"kept"`` (in the window) or ``"evicted"``."""
+        return ("next" if p == t else "sink" if p < self.n_sink else "kept" if p in self.held
+                else "evicted")
+
+    def summary(self, t: int) -> str:
+        """The panel in one sentence, for the alt text."""
+        size, sinks = len(self.held), self.n_sink
+        sinks_in = f"sinks in {draw.slot_range(0, sinks)}, " if sinks else ""
+        return (f"{self.title} ({sinks_in}the last {size - sinks} rolling in "
+                f"{draw.slot_range(sinks, size)}) keeps positions {draw.runs(sorted(set(self.held)))} "
+                f"({t - len(set(self.held))} evicted); position {t} goes to slot {self.next_slot}, "
+                f"overwriting position {self.held[self.next_slot]}")
+
+
+@dataclass(frozen=True)
+class RollingLayout:
+    """What :func:`rolling_sink_buffer` draws, computed from real caches without matplotlib: the
+    ``panels`` after ``t`` tokens, and the width (inches) of a position and of a buffer slot."""
+
+    t: int
+    panels: list[RollingPanel]
+    position_width: float
+    slot_width: float
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.t} token{'s' * (self.t > 1)}"
+
+    @property
+    def alt(self) -> str:
+        sinks_stay = "The sinks stay in their slots; the" if self.panels[0].n_sink else "The"
+        return (f"Rolling key/value buffers after {self.tokens}. "
+                + ". ".join(panel.summary(self.t) for panel in self.panels)
+                + f". {sinks_stay} window's slots are overwritten in rolling order, each new token "
+                "replacing the one a window's length before it.")
+
+
+_ROLLING_X0, _ROLLING_MARGIN = 0.95, 0.1  # inches: where the rows start (after their captions), sides
+
+
+def rolling_layout(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True
+                   ) -> RollingLayout:
+    """:func:`rolling_sink_buffer`'s layout: a :class:`~selfattn.cache.SinkCache` (and, with
+    ``sliding``, a :class:`~selfattn.cache.SlidingWindowCache` of as many slots) fed ``t``
+    tokens, each slot read back (:func:`_rolling_run`)."""
+    size = n_sink + window
+    caches: list[tuple[str, str, SinkCache | SlidingWindowCache, int]] = [
+        ("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
+    if sliding:
+        caches.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
+    panels = [RollingPanel(tag, title, sinks, *_rolling_run(cache, t)) for tag, title, cache, sinks in caches]
+    room = PAGE_WIDTH - _ROLLING_X0 - _ROLLING_MARGIN
+    return RollingLayout(t, panels, position_width=min(0.3, room / (t + 1)),  # and the next one
+                         slot_width=min(0.42, room / size))
 
 
 def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: bool = True) -> Diagram:
@@ -996,93 +1102,74 @@ def rolling_sink_buffer(n_sink: int = 4, window: int = 8, t: int = 19, sliding: 
 
     The slot contents are read back from the caches' buffers after ``t`` real appends (each key
     holds its position), and the next slot from the cache's own slot rule, so the picture cannot
-    disagree with the code. ``t`` is at least ``n_sink + window`` (the buffer full)."""
-    from ..cache import SinkCache, SlidingWindowCache
+    disagree with the code (:func:`rolling_layout`). ``t`` is at least ``n_sink + window`` (the
+    buffer full)."""
+    layout = rolling_layout(n_sink, window, t, sliding)
+    return Diagram(_draw_rolling(layout), layout.alt)
 
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
-        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
-    if not 0 <= n_sink <= 8:
-        raise ValueError(f"n_sink must be from 0 to 8, got {n_sink}")
-    check_positive_int(window, "window", most=16)
-    size = n_sink + window
-    if size > 16:
-        raise ValueError(f"n_sink + window must be at most 16 slots to draw, got {n_sink} + {window}")
-    if isinstance(t, bool) or not isinstance(t, int):
-        raise TypeError(f"t must be an int, got {type(t).__name__}")
-    if not size <= t <= 32:
-        raise ValueError(f"t must be from n_sink + window = {size} (the buffer full) to 32, got {t}")
-    panels = [("sink", f"SinkCache(n_sink={n_sink}, window={window})", SinkCache(n_sink, window), n_sink)]
-    if sliding:
-        panels.append(("sliding", f"SlidingWindowCache(window={size})", SlidingWindowCache(size), 0))
-    SINK, KEPT, EVICTED, NEXT = OUT, Q, "#eeeeee", K
-    ph, sh, link = 0.26, 0.34, 0.62  # a position's height, a slot's height, the lines between
+
+_ROLLING_COLORS = {"sink": OUT, "kept": Q, "evicted": GREY, "next": K}
+_ROLLING_FILLS = {"next": "white", "evicted": "#eeeeee"}
+_POSITION_H, _SLOT_H, _LINK_H = 0.26, 0.34, 0.62  # a position's height, a slot's, the lines between
+
+
+def _draw_rolling(layout: RollingLayout) -> Figure:
+    t, pw, sw = layout.t, layout.position_width, layout.slot_width
+    x0, margin = _ROLLING_X0, _ROLLING_MARGIN
+    ph, sh, link = _POSITION_H, _SLOT_H, _LINK_H
     panel_h = 0.3 + ph + link + sh + 0.32
-    W, H = PAGE_WIDTH, 0.55 + len(panels) * panel_h + 0.3
-    fig, ax = _canvas(W, H)
-    x0, margin = 0.95, 0.1  # the rows start after their captions
-    pw = min(0.3, (W - x0 - margin) / (t + 1))  # t positions and the next one
-    sw = min(0.42, (W - x0 - margin) / size)
-    tokens = f"{t} token{'s' * (t > 1)}"
-    _text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {tokens}: which position each slot holds",
-          size=8.5, weight="bold")
-    _text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
-          "Jiang et al. 2023, §2)", size=8)
-    summary = []
-    for k, (tag, title, cache, sinks) in enumerate(panels):
-        held, nxt = _rolling_run(cache, t)
+    W, H = PAGE_WIDTH, 0.55 + len(layout.panels) * panel_h + 0.3
+    fig, ax = draw.canvas(W, H)
+    draw.text(ax, margin, H - 0.2, f"Rolling KV buffers after t = {layout.tokens}: which position each "
+              "slot holds", size=8.5, weight="bold")
+    draw.text(ax, margin, H - 0.42, "(StreamingLLM, Xiao et al. 2023, §3.2; Mistral 7B's rolling buffer, "
+              "Jiang et al. 2023, §2)", size=8)
+    for k, panel in enumerate(layout.panels):
         top = H - 0.55 - k * panel_h
         y_p, y_s = top - 0.3 - ph / 2, top - 0.3 - ph - link - sh / 2
-        win = size - sinks
-        _text(ax, margin, top - 0.12, title, size=8, family=MONO, weight="bold")
-        rolling = f"{_slot_range(sinks, size)} roll" + "s" * (win == 1)
-        kept_sinks = f"{_slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
-        _text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
-        _text(ax, margin, y_p, "positions", size=8)
-        _text(ax, margin, y_s, "buffer slots", size=8)
-        kept = set(held)
+        tag, sinks, size = panel.tag, panel.n_sink, len(panel.held)
+        draw.text(ax, margin, top - 0.12, panel.title, size=8, family=MONO, weight="bold")
+        rolling = f"{draw.slot_range(sinks, size)} roll" + "s" * (size - sinks == 1)
+        kept_sinks = f"{draw.slot_range(0, sinks)}: sinks, kept; " if sinks else "no sinks; "
+        draw.text(ax, W - margin, top - 0.12, kept_sinks + rolling, size=8, ha="right")
+        draw.text(ax, margin, y_p, "positions", size=8)
+        draw.text(ax, margin, y_s, "buffer slots", size=8)
         for p in range(t + 1):
-            x = x0 + (p + 0.5) * pw
-            kind = "next" if p == t else "sink" if p < sinks else "kept" if p in kept else "evicted"
-            color = {"next": NEXT, "sink": SINK, "kept": KEPT, "evicted": GREY}[kind]
-            fill = {"next": "white", "evicted": EVICTED}.get(kind, _tint(color, 0.3))
+            x, kind = x0 + (p + 0.5) * pw, panel.kind(p, t)
+            color = _ROLLING_COLORS[kind]
             ax.add_patch(FancyBboxPatch((x - pw / 2 + 0.01, y_p - ph / 2), pw - 0.02, ph,
-                                        boxstyle="round,pad=0,rounding_size=0.03", facecolor=fill,
+                                        boxstyle="round,pad=0,rounding_size=0.03",
+                                        facecolor=_ROLLING_FILLS.get(kind, draw.tint(color, 0.3)),
                                         edgecolor=color, linewidth=0.9, linestyle="--" if p == t else "-",
                                         gid=f"{tag} position {p} {kind}"))
-            _text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
-                  color=GREY if kind == "evicted" else INK)
-        for s, p in enumerate(held):
+            draw.text(ax, x, y_p, str(p), size=7.5 if pw >= 0.2 else 7, ha="center",
+                      color=GREY if kind == "evicted" else INK)
+        for s, p in enumerate(panel.held):
             xs, xp = x0 + (s + 0.5) * sw, x0 + (p + 0.5) * pw
-            color = SINK if s < sinks else KEPT
-            _box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
+            color = _ROLLING_COLORS["sink" if s < sinks else "kept"]
+            draw.box(ax, xs, y_s, sw - 0.04, sh, str(p), color, size=8.5, gid=f"{tag} slot {s} holds {p}")
             ax.texts[-1].set_gid(f"{tag} slot {s}")
             ax.plot([xs, xp], [y_s + sh / 2, y_p - ph / 2], color=color, lw=0.8, zorder=1)
-            _text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
-        # the next write: position t into slot nxt, over the oldest token of the window
-        xs = x0 + (nxt + 0.5) * sw
+            draw.text(ax, xs, y_s - sh / 2 - 0.15, str(s), size=7, ha="center", color=GREY)
+        # the next write: position t into its slot, over the oldest token of the window
+        xs, nxt = x0 + (panel.next_slot + 0.5) * sw, _ROLLING_COLORS["next"]
         ax.add_patch(FancyBboxPatch((xs - sw / 2 + 0.005, y_s - sh / 2 - 0.035), sw - 0.01, sh + 0.07,
                                     boxstyle="round,pad=0,rounding_size=0.05", facecolor="none",
-                                    edgecolor=NEXT, linewidth=1.6, linestyle="--", gid=f"{tag} next {nxt}"))
-        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=NEXT, lw=1.2,
+                                    edgecolor=nxt, linewidth=1.6, linestyle="--",
+                                    gid=f"{tag} next {panel.next_slot}"))
+        ax.plot([xs, x0 + (t + 0.5) * pw], [y_s + sh / 2 + 0.035, y_p - ph / 2], color=nxt, lw=1.2,
                 ls="--", zorder=1)
-        evicted = t - len(kept)
-        sinks_in = f"sinks in {_slot_range(0, sinks)}, " if sinks else ""
-        summary.append(f"{title} ({sinks_in}the last {win} rolling in {_slot_range(sinks, size)}) keeps "
-                       f"positions {_runs(sorted(kept))} ({evicted} evicted); position {t} goes to slot "
-                       f"{nxt}, overwriting position {held[nxt]}")
-    legend = [(SINK, _tint(SINK, 0.3), "sink", "-")] if n_sink else []
-    legend += [(KEPT, _tint(KEPT, 0.3), "in the window", "-"), (GREY, EVICTED, "evicted", "-"),
-               (NEXT, "white", f"next write (position {t})", "--")]
+    kinds = [("sink", "sink")] if layout.panels[0].n_sink else []
+    kinds += [("kept", "in the window"), ("evicted", "evicted"), ("next", f"next write (position {t})")]
     x = margin
-    for edge, fill, label, style in legend:
+    for kind, label in kinds:
+        color, style = _ROLLING_COLORS[kind], "--" if kind == "next" else "-"
         ax.add_patch(FancyBboxPatch((x, 0.1), 0.22, 0.16, boxstyle="round,pad=0,rounding_size=0.03",
-                                    facecolor=fill, edgecolor=edge, linewidth=1.0, linestyle=style))
-        _text(ax, x + 0.28, 0.18, label, size=8)
+                                    facecolor=_ROLLING_FILLS.get(kind, draw.tint(color, 0.3)),
+                                    edgecolor=color, linewidth=1.0, linestyle=style))
+        draw.text(ax, x + 0.28, 0.18, label, size=8)
         x += 0.28 + 0.068 * len(label) + 0.3
-    sinks_stay = "The sinks stay in their slots; the" if n_sink else "The"
-    return Diagram(fig, f"Rolling key/value buffers after {tokens}. " + ". ".join(summary)
-                        + f". {sinks_stay} window's slots are overwritten in rolling order, each "
-                        "new token replacing the one a window's length before it.")
+    return fig
 
 
 def model_cache_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -1241,13 +1328,18 @@ def uptraining_recovery(fn: Callable[[MultiHeadAttention, int], MultiHeadAttenti
             torch.manual_seed(seed)
             mha = AttentionTagger(data.vocab_size, data.n_tags, d=32, n_heads=4)
             train(mha, data, steps=steps, seed=seed, progress=progress, desc=f"MHA, seed {seed}")
-            pooled = _swapped(mha, _call(fn, mha.attn, n_kv_heads))  # type: ignore[arg-type]
+            layer = mha.attn
+            assert isinstance(layer, MultiHeadAttention)  # the tagger's own layer, not a scorer's
+            converted = _call(fn, layer, n_kv_heads)
+            if not isinstance(converted, MultiHeadAttention):
+                raise NotYet(f"return a selfattn.MultiHeadAttention, got {type(converted).__name__}")
+            pooled = _swapped(mha, converted)
             with torch.no_grad():
-                cfg = mha.attn.config
+                cfg = layer.config
                 fresh = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=n_kv_heads,
                                            head_dim=cfg.head_dim, rope=cfg.rope)  # random K/V
-                fresh.q_proj.load_state_dict(mha.attn.q_proj.state_dict())
-                fresh.out_proj.load_state_dict(mha.attn.out_proj.state_dict())
+                fresh.q_proj.load_state_dict(layer.q_proj.state_dict())
+                fresh.out_proj.load_state_dict(layer.out_proj.state_dict())
                 control = _swapped(mha, fresh)
             arms["MHA"].append(accuracy(mha))
             arms["pooled"].append(accuracy(pooled))
@@ -1272,7 +1364,8 @@ def check_uptraining(fn: object) -> str:
     for d_model, n_heads, n_kv, rope, seed in [(16, 8, 2, True, 111), (12, 6, 3, False, 112),
                                                 (16, 4, 1, True, 113), (16, 8, 8, False, 114)]:
         _uptraining_case(fn, d_model, n_heads, n_kv, rope, seed)
-    acc = {arm: values[0] for arm, values in uptraining_recovery(fn, seeds=[0]).items()}
+    convert = cast(Callable[[MultiHeadAttention, int], MultiHeadAttention], fn)  # as checked just above
+    acc = {arm: values[0] for arm, values in uptraining_recovery(convert, seeds=[0]).items()}
     return (f"each group's key and value heads are mean-pooled, the queries and output kept. On the "
             f"tagging task (one seed: the numbers vary from seed to seed; chance 25%), the MHA "
             f"tagger gets {acc['MHA']:.0%} of the "

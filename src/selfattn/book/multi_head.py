@@ -8,39 +8,38 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 from torch import Tensor
 
 from .. import fastpaths
 from ..attention import scaled_dot_product_attention
 from ..cache import KVCache
-from ..checks import check_positive_int
 from ..heads import merge_heads, repeat_kv, split_heads
 from ..masks import causal_mask
 from ..multihead import AttentionConfig, MultiHeadAttention
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _seeded_layer, _tensor
-from .kit.draw import (
-    _TAB,
-    GREY,
-    INK,
-    MONO,
-    OUT,
-    Diagram,
-    K,
-    Q,
-    V,
-    _arrow,
-    _box,
-    _canvas,
-    _shape,
-    _text,
-    _tint,
+from .kit import draw
+from .kit.checkers import (
+    Mistakes,
+    NotYet,
+    _call,
+    _checker,
+    _close,
+    _equal,
+    _first_match,
+    _seeded_layer,
+    _tensor,
+    same_as,
 )
+from .kit.draw import GREY, INK, MONO, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters, synchronize
 from .kit.train import Sequences
 from .kit.viz import PAGE_WIDTH
@@ -54,10 +53,6 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
     at either end). One attention head can look left and another right: chapter 6 trains
     models with one, two and four heads on it and watches the heads specialise.
     """
-    check_positive_int(n, "n")
-    if seq_len < 2:
-        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
-    check_positive_int(vocab_size, "vocab_size")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (n, seq_len), generator=g)  # (N, T)
     edge = torch.full((n, 1), vocab_size)
@@ -67,91 +62,147 @@ def neighbour_task(n: int, seq_len: int = 16, vocab_size: int = 6, seed: int = 0
     return Sequences(tokens, tags, vocab_size, (vocab_size + 1) ** 2)
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One lane of :func:`split_attend_merge` (``q``, ``k`` or ``v``): its x (inches), colour,
+    the input's label, the projection's, the split heads' shape, and each head's box label (query
+    head ``i`` reads key/value head ``i // g``)."""
+
+    name: str
+    x: float
+    color: tuple[float, float, float]
+    input: str
+    projection: str
+    split: str
+    heads: list[str]
+
+
+@dataclass(frozen=True)
+class HeadsLayout:
+    """What :func:`split_attend_merge` draws, computed without matplotlib from an
+    :class:`~selfattn.AttentionConfig` and the sizes ``B``, ``T`` (queries) and ``S`` (keys)."""
+
+    config: AttentionConfig
+    B: int
+    T: int
+    S: int
+
+    @property
+    def head_x(self) -> list[float]:
+        """The centre of each head's column, inches."""
+        pitch = _HEADS_SPAN / self.config.n_heads
+        return [_HEADS_LEFT + pitch * (i + 0.5) for i in range(self.config.n_heads)]
+
+    @property
+    def lanes(self) -> list[Lane]:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, hd, c = cfg.n_heads, cfg.head_dim, _HEADS_LEFT + _HEADS_SPAN / 2
+        lanes = []
+        h_kv = cfg.n_kv_heads
+        for name, x, color, label, width, n, length in [("q", c - 1.2, Q, "query", cfg.d_model, h, T),
+                                                        ("k", c, K, "key", cfg.kdim, h_kv, S),
+                                                        ("v", c + 1.2, V, "value", cfg.vdim, h_kv, S)]:
+            heads = [f"{name}{i if name == 'q' else i // cfg.group_size}" for i in range(h)]
+            lanes.append(Lane(name, x, color, f"{label}\n{draw.shape(B, length, width)}",
+                              f"{name}_proj\n{draw.shape(B, length, n * hd)}",
+                              draw.shape(B, n, length, hd), heads))
+        return lanes
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        """Beside each step: its name in the code, then its output's shape in the code's names."""
+        cfg = self.config
+        kv = "n_kv_heads" if cfg.n_kv_heads != cfg.n_heads else "n_heads"  # chapter 7's, where it differs
+        return [("inputs", "query (B, T, d_model)\nkey (B, S, kdim), value (B, S, vdim)"),
+                ("q_proj, k_proj, v_proj", f"q: (B, T, n_heads·head_dim)\nk, v: (B, S, {kv}·head_dim)"),
+                ("split_heads" + (", apply_rope" if cfg.rope else ""),
+                 f"q: (B, n_heads, T, head_dim)\nk, v: (B, {kv}, S, head_dim)"),
+                ("attend, per head", rf"softmax$(q k^\top / \sqrt{{{cfg.head_dim}}})\, v$"),
+                ("merge_heads (concatenate)", "(B, T, n_heads·head_dim)"),
+                ("out_proj", "(B, T, out_dim)")]
+
+    @property
+    def sizes(self) -> str:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, h_kv = cfg.n_heads, cfg.n_kv_heads
+        return (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
+                f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
+                f"head_dim={cfg.head_dim}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
+
+    @property
+    def alt(self) -> str:
+        cfg, B, T, S = self.config, self.B, self.T, self.S
+        h, hd = cfg.n_heads, cfg.head_dim
+        kind = "" if cfg.n_kv_heads == h else f", {cfg.n_kv_heads} key/value heads"
+        return (f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the query "
+                f"{draw.shape(B, T, cfg.d_model)} to {draw.shape(B, T, h * hd)}, split_heads makes it "
+                f"{draw.shape(B, h, T, hd)}, each head attends on its own (scores "
+                f"{draw.shape(B, h, T, S)} from {S} keys), merge_heads concatenates the heads back to "
+                f"{draw.shape(B, T, h * hd)} and out_proj (W^O) gives {draw.shape(B, T, cfg.out_dim)}.")
+
+
+_HEADS_LEFT, _HEADS_SPAN = 0.15, 3.6  # inches: the heads' row, under the three lanes
+
+
 def split_attend_merge(layer: MultiHeadAttention | AttentionConfig, B: int = 2, T: int = 5,
-               S: int | None = None) -> Diagram:
+                       S: int | None = None) -> Diagram:
     r"""``MultiHeadAttention.forward`` as a picture, every shape from ``layer``'s config: project
     (``q_proj``, ``k_proj``, ``v_proj``), ``split_heads``, attend per head, ``merge_heads``
     (concatenate), ``out_proj`` ($W^O$) (Vaswani et al. 2017, §3.2.2). With fewer key/value heads
     than query heads (GQA, MQA), query head $i$ reads key/value head $i // (h / h_{kv})$.
 
     ``T`` queries attend to ``S`` keys and values (``S`` defaults to ``T``: self-attention); each
-    head's scores are ``(T, S)``."""
+    head's scores are ``(T, S)``; every label comes from :class:`HeadsLayout`."""
     cfg = layer.config if isinstance(layer, MultiHeadAttention) else layer
-    if not isinstance(cfg, AttentionConfig):
-        raise TypeError(f"layer must be a MultiHeadAttention or an AttentionConfig, got "
-                        f"{type(layer).__name__}")
-    check_positive_int(B, "B", most=10**6)
-    check_positive_int(T, "T", most=10**6)
-    S = T if S is None else S
-    check_positive_int(S, "S", most=10**6)
-    h, h_kv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group_size
-    check_positive_int(h, "n_heads", most=16)
+    layout = HeadsLayout(cfg, B, T, T if S is None else S)
+    return Diagram(_draw_heads(layout), layout.alt)
+
+
+def _draw_heads(layout: HeadsLayout) -> Figure:
+    cfg, B, T = layout.config, layout.B, layout.T
+    h, hd = cfg.n_heads, cfg.head_dim
     W, H, bh, lw = PAGE_WIDTH, 4.7, 0.4, 1.1  # lw: a lane's box width
     y0, y1 = H - 0.3, H - 1.05  # inputs, projections (and a line of sizes at the bottom)
     y2 = y1 - 1.25  # the heads: q, k, v pieces stacked, 0.22 apart
     y3, y4 = y2 - 0.22 - 0.8, y2 - 0.22 - 1.55  # merged heads, out_proj
-    left, span = 0.15, 3.6  # the heads' row, under the three lanes
-    c = left + span / 2
-    lanes = {"q": (c - 1.2, Q, "query", cfg.d_model, h, T), "k": (c, K, "key", cfg.kdim, h_kv, S),
-             "v": (c + 1.2, V, "value", cfg.vdim, h_kv, S)}  # name: x, colour, input, width, heads, length
-    fig, ax = _canvas(W, H)
-    pitch = span / h
-    xh = [left + pitch * (i + 0.5) for i in range(h)]
+    left, span = _HEADS_LEFT, _HEADS_SPAN
+    c, pitch, xh = left + span / 2, span / h, layout.head_x
     hw, size = min(0.4, 0.85 * pitch), 8 if h <= 8 else 7
+    fig, ax = draw.canvas(W, H)
     ax.add_patch(FancyBboxPatch((left, y2 - 0.38), span, 0.76, boxstyle="round,pad=0,rounding_size=0.06",
                                 facecolor="#f3f3f3", edgecolor="none"))
-    for name, (x, color, label, width, n, length) in lanes.items():
-        _box(ax, x, y0, lw, bh, f"{label}\n{_shape(B, length, width)}", GREY, size=8.5, family=MONO)
-        _arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
-        _box(ax, x, y1, lw, bh, f"{name}_proj\n{_shape(B, length, n * hd)}", color, size=8.5,
-             family=MONO)
-        _arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
-        _text(ax, x, y2 + 0.62, _shape(B, n, length, hd), size=8.5, family=MONO, ha="center",
-              bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
-        row = {"q": 0.22, "k": 0.0, "v": -0.22}[name]
-        for i, x_i in enumerate(xh):  # head i gets query head i and key/value head i // g
-            _box(ax, x_i, y2 + row, hw, 0.19, f"{name}{i if name == 'q' else i // g}", color, size=size,
-                 family=MONO)
+    for lane, row in zip(layout.lanes, (0.22, 0.0, -0.22), strict=True):
+        x, color = lane.x, lane.color
+        draw.box(ax, x, y0, lw, bh, lane.input, GREY, size=8.5, family=MONO)
+        draw.arrow(ax, (x, y0 - bh / 2), (x, y1 + bh / 2))
+        draw.box(ax, x, y1, lw, bh, lane.projection, color, size=8.5, family=MONO)
+        draw.arrow(ax, (x, y1 - bh / 2), (x, y2 + 0.38), color)
+        draw.text(ax, x, y2 + 0.62, lane.split, size=8.5, family=MONO, ha="center",
+                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # on the arrow
+        for x_i, label in zip(xh, lane.heads, strict=True):
+            draw.box(ax, x_i, y2 + row, hw, 0.19, label, color, size=size, family=MONO)
     for x_i in xh:
-        _arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
-    _box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
+        draw.arrow(ax, (x_i, y2 - 0.38), (x_i, y3 + bh / 2), OUT)
+    draw.box(ax, c, y3, span, bh, "", OUT)  # the heads' outputs side by side
     for i in range(1, h):
         ax.plot([left + pitch * i] * 2, [y3 - bh / 2, y3 + bh / 2], color=OUT, lw=0.8)
-    _text(ax, c, y3, f"merge_heads {_shape(B, T, h * hd)}", size=8.5, family=MONO, ha="center",
-          bbox={"facecolor": _tint(OUT), "edgecolor": "none", "pad": 2})
-    _arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
-    _box(ax, c, y4, lw, bh, f"out_proj\n{_shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
-    mono = {"size": 8, "family": MONO}
-    kv = "n_kv_heads" if h_kv != h else "n_heads"  # chapter 7's name only where it differs
-    notes = [  # beside each step: its name in the code, then its output's shape in the code's names
-        (y0, "inputs", "query (B, T, d_model)\nkey (B, S, kdim), value (B, S, vdim)", mono),
-        (y1, "q_proj, k_proj, v_proj",
-         f"q: (B, T, n_heads·head_dim)\nk, v: (B, S, {kv}·head_dim)", mono),
-        (y2 + 0.6, "split_heads" + (", apply_rope" if cfg.rope else ""),
-         f"q: (B, n_heads, T, head_dim)\nk, v: (B, {kv}, S, head_dim)", mono),
-        (y2 - 0.05, "attend, per head", rf"softmax$(q k^\top / \sqrt{{{hd}}})\, v$", {"size": 10}),
-        (y3, "merge_heads (concatenate)", "(B, T, n_heads·head_dim)", mono),
-        (y4, "out_proj", "(B, T, out_dim)", mono),
-    ]
-    for y, step, shapes, style in notes:
-        _text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
-        _text(ax, 4.25, y + 0.01, shapes, va="top", **style)
-    _text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
-    _text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {_shape(B, h, T, S)}",
-          va="top", **mono)
-    if g > 1:
-        _text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {g}", va="top", **mono)
-    sizes = (f"B={B}, T={T}, " + (f"S={S}, " if S != T else "") + f"d_model={cfg.d_model}, "
-             f"n_heads={h}, " + (f"n_kv_heads={h_kv}, " if h_kv != h else "") +
-             f"head_dim={hd}, kdim={cfg.kdim}, vdim={cfg.vdim}, out_dim={cfg.out_dim}")
-    _text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
-    kind = "" if h_kv == h else f", {h_kv} key/value heads"
-    return Diagram(fig, f"Multi-head attention with {h} heads of {hd} features{kind}: q_proj maps the "
-                        f"query {_shape(B, T, cfg.d_model)} to {_shape(B, T, h * hd)}, split_heads "
-                        f"makes it {_shape(B, h, T, hd)}, each head attends on its own (scores "
-                        f"{_shape(B, h, T, S)} from {S} keys), merge_heads "
-                        f"concatenates the heads back to {_shape(B, T, h * hd)} and out_proj (W^O) "
-                        f"gives {_shape(B, T, cfg.out_dim)}.")
+    draw.text(ax, c, y3, f"merge_heads {draw.shape(B, T, h * hd)}", size=8.5, family=MONO, ha="center",
+              bbox={"facecolor": draw.tint(OUT), "edgecolor": "none", "pad": 2})
+    draw.arrow(ax, (c, y3 - bh / 2), (c, y4 + bh / 2), OUT)
+    draw.box(ax, c, y4, lw, bh, f"out_proj\n{draw.shape(B, T, cfg.out_dim)}", OUT, size=8.5, family=MONO)
+    mono: dict[str, Any] = {"size": 8, "family": MONO}
+    for y, (step, shapes) in zip((y0, y1, y2 + 0.6, y2 - 0.05, y3, y4), layout.notes, strict=True):
+        draw.text(ax, 4.25, y + 0.03, step, size=8.5, family=MONO, weight="bold", va="bottom")
+        math = "$" in shapes  # the attention's formula, in mathtext at 10 pt
+        draw.text(ax, 4.25, y + 0.01, shapes, va="top", **({"size": 10} if math else mono))
+    draw.text(ax, 4.25, y4 - 0.17, "the paper's $W^O$", va="top", size=10)
+    draw.text(ax, 4.25, y2 - 0.28, f"scores: (B, n_heads, T, S)\n      = {draw.shape(B, h, T, layout.S)}",
+              va="top", **mono)
+    if cfg.group_size > 1:
+        draw.text(ax, 4.25, y2 - 0.6, f"head i reads k, v head i // {cfg.group_size}", va="top", **mono)
+    sizes = layout.sizes
+    draw.text(ax, 0.15, 0.15, sizes, size=8 if len(sizes) <= 98 else 7, color=GREY, family=MONO)  # fits W
+    return fig
 
 
 def article_attention_shape(batch: int, n_heads: int, n_queries: int, n_keys: int) -> tuple[int, ...]:
@@ -185,12 +236,8 @@ def check_article_attention_shape(answer: object) -> str:
 @_checker
 def check_mha_parameters(fn: object) -> str:
     """Chapter 6, exercise 2: ``fn(d_model, n_heads)`` counts MultiHeadAttention's parameters."""
-    for d_model, n_heads in [(8, 1), (64, 8), (96, 3)]:
-        got = _call(fn, d_model, n_heads)
-        want = mha_parameters(d_model, n_heads)
-        if got != want:
-            raise NotYet(f"d_model={d_model}, n_heads={n_heads}: you say {got!r}, the module has "
-                         f"{want}")
+    same_as(fn, mha_parameters, [(8, 1), (64, 8), (96, 3)], "{args}: you say {got!r}, the module has {want}",
+            names=("d_model", "n_heads"))
     return "4 d^2 + 4 d, whatever the number of heads: heads split d, they do not add parameters"
 
 
@@ -256,17 +303,17 @@ _MHA_MISTAKES = {
 }
 
 
-def _mha_candidates(layer: MultiHeadAttention, x: Tensor) -> list[tuple[Callable[[], Tensor], str]]:
+def _mha_candidates(layer: MultiHeadAttention, x: Tensor) -> Mistakes:
     """Every typical mistake of :func:`_mha_variant`, alone and in pairs, with its hint."""
     flips = [("split_ok", False), ("merge_ok", False), ("out_proj", False), ("one_head", True),
              ("model_scale", True), ("causal", True)]
-    candidates = []
+    candidates: Mistakes = []
     for n in (1, 2):
         for chosen in map(dict, itertools.combinations(flips, n)):
             if "one_head" in chosen and ("split_ok" in chosen or "merge_ok" in chosen):
                 continue  # one head: nothing to split in the wrong order
-            hint = "your output is what you get when you " + ", and ".join(map(_MHA_MISTAKES.get, chosen))
-            candidates.append((lambda c=chosen: _mha_variant(layer, x, **c), hint))
+            hint = "your output is what you get when you " + ", and ".join(_MHA_MISTAKES[k] for k in chosen)
+            candidates.append((partial(_mha_variant, layer, x, **chosen), hint))
     return candidates
 
 
@@ -300,50 +347,41 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
     key/value head $i // (n_{heads} / n_{kv})$, as :func:`~selfattn.heads.repeat_kv` orders them
     (Ainslie et al. 2023, §2). ``n_kv_heads_list`` defaults to ``n_heads``, ``n_heads // 4`` (or
     ``// 2``) and 1."""
-    check_positive_int(n_heads, "n_heads", most=32)
-    check_positive_int(head_dim, "head_dim", most=10**6)
     if n_kv_heads_list is None:
         middle = n_heads // 4 if n_heads >= 8 else n_heads // 2
         n_kv_heads_list = sorted({n_heads, max(middle, 1), 1}, reverse=True)
     counts = list(n_kv_heads_list)
-    if not 1 <= len(counts) <= 4:
-        raise ValueError(f"n_kv_heads_list must hold 1 to 4 head counts, got {counts}")
-    for n_kv in counts:
-        check_positive_int(n_kv, "each n_kv_heads")
-        if n_heads % n_kv:
-            raise ValueError(f"n_heads ({n_heads}) must be a multiple of each n_kv_heads, got "
-                             f"{n_kv}: each key/value head serves a whole group of query heads")
     W, H, left = PAGE_WIDTH, 3.0, 0.85
     pw = (W - left) / len(counts)
     y_t, y_q, y_k, y_v, y_c = H - 0.25, 1.95, 1.07, 0.85, 0.38
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     for y, label in [(y_q, "query\nheads"), (y_k, "key heads"), (y_v, "value heads"),
                      (y_c, "KV cache per\ntoken and\nlayer")]:
-        _text(ax, 0.05, y, label, size=8.5)
+        draw.text(ax, 0.05, y, label, size=8.5)
     mha = 2 * n_heads * head_dim
     for p, n_kv in enumerate(counts):
         g, x_left = n_heads // n_kv, left + p * pw
         name = "MHA" if n_kv == n_heads else "MQA" if n_kv == 1 else "GQA"
-        _text(ax, x_left + pw / 2, y_t, name, size=10, weight="bold", ha="center")
-        _text(ax, x_left + pw / 2, y_t - 0.25, f"n_kv_heads={n_kv}", size=8, family=MONO, ha="center")
+        draw.text(ax, x_left + pw / 2, y_t, name, size=10, weight="bold", ha="center")
+        draw.text(ax, x_left + pw / 2, y_t - 0.25, f"n_kv_heads={n_kv}", size=8, family=MONO, ha="center")
         pitch = (pw - 0.2) / n_heads
         qw = min(0.26, 0.8 * pitch)
         xq = [x_left + 0.1 + pitch * (i + 0.5) for i in range(n_heads)]
         xkv = [sum(xq[j * g:(j + 1) * g]) / g for j in range(n_kv)]
         kw = min(0.8 * pitch * g, 0.5)
         for i, x in enumerate(xq):
-            _box(ax, x, y_q, qw, 0.24, str(i) if qw >= 0.07 * len(str(i)) + 0.06 else "", Q, size=8,
-                 gid=f"q{p}-{i}")
+            draw.box(ax, x, y_q, qw, 0.24, str(i) if qw >= 0.07 * len(str(i)) + 0.06 else "", Q, size=8,
+                     gid=f"q{p}-{i}")
             j = i // g  # the key/value head query head i reads (repeat_kv's order)
             ax.plot([x, xkv[j]], [y_q - 0.12, y_k + 0.09], color=INK, lw=0.8, gid=f"link{p}-{i}")
         for j, x in enumerate(xkv):
             label = str(j) if kw >= 0.07 * len(str(j)) + 0.06 else ""
-            _box(ax, x, y_k, kw, 0.18, label, K, size=7.5, gid=f"kv{p}-{j}")
-            _box(ax, x, y_v, kw, 0.18, label, V, size=7.5)
+            draw.box(ax, x, y_k, kw, 0.18, label, K, size=7.5, gid=f"kv{p}-{j}")
+            draw.box(ax, x, y_v, kw, 0.18, label, V, size=7.5)
         per_token, ratio = 2 * n_kv * head_dim, Fraction(2 * n_kv * head_dim, mha)
         share = "= MHA's" if ratio == 1 else f"{ratio} of MHA's"
-        _text(ax, x_left + pw / 2, y_c, f"2 × {n_kv} × {head_dim}\n= {per_token} numbers\n{share}",
-              ha="center", size=8.5)
+        draw.text(ax, x_left + pw / 2, y_c, f"2 × {n_kv} × {head_dim}\n= {per_token} numbers\n{share}",
+                  ha="center", size=8.5)
     sizes = ", ".join(f"{2 * n * head_dim} ({Fraction(n, n_heads)} of MHA's)" for n in counts)
     return Diagram(fig, f"{n_heads} query heads reading {', '.join(map(str, counts))} key/value heads "
                         f"(MHA, GQA, MQA): query head i reads key/value head i // (n_heads / "
@@ -360,14 +398,6 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     (its ``seqlenq_ngroups_swapped``)."""
     from ..fastpaths import GROUPED_HEADS, Call
 
-    check_positive_int(n_heads, "n_heads", most=16)
-    check_positive_int(n_kv_heads, "n_kv_heads", most=16)
-    check_positive_int(L, "L", most=16)
-    if n_heads % n_kv_heads or n_heads == n_kv_heads:
-        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}), "
-                         f"and larger: a group holds two query heads or more")
-    if n_heads * L > 16:
-        raise ValueError(f"n_heads * L must be at most 16 rows to draw, got {n_heads} * {L}")
     g = n_heads // n_kv_heads
     # each query row holds its own number, head * L + token; the library regroups it
     q = torch.arange(n_heads * L, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, L, 1)
@@ -384,35 +414,35 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     W, H = PAGE_WIDTH, n_rows * pitch + gap * (n_kv_heads - 1) + 1.55
     top = H - 0.75
     bh = 0.8 * pitch
-    colors = [_TAB[i] for i in (0, 3, 2, 1, 4, 5, 6, 8, 9)]
-    fig, ax = _canvas(W, H)
+    colors = [draw.TAB[i] for i in (0, 3, 2, 1, 4, 5, 6, 8, 9)]
+    fig, ax = draw.canvas(W, H)
     x_q, x_s, x_k, x_v, qw, kvw = 0.72, 3.3, 4.85, 6.0, 1.3, 0.95
     y_h = H - 0.35
-    _text(ax, x_q, y_h, f"q: (B, H, L, hd)\nH = {n_heads}, L = {L}", ha="center",
-          family=MONO, size=8)
-    _text(ax, (x_q + x_s) / 2, top - 0.1, f"reshape, g = {g}\n"
-          f"{'a view, no copy' if is_view else 'a copy'}", ha="center", va="bottom", size=8)
-    _text(ax, x_s, y_h, f"(B, H_kv, g·L, hd)\n= (B, {n_kv_heads}, {g * L}, hd)", ha="center",
-          family=MONO, size=8)
-    _text(ax, (x_k + x_v) / 2, y_h, "keys and values\n(B, H_kv, S, hd)", ha="center", size=8)
+    draw.text(ax, x_q, y_h, f"q: (B, H, L, hd)\nH = {n_heads}, L = {L}", ha="center",
+              family=MONO, size=8)
+    draw.text(ax, (x_q + x_s) / 2, top - 0.1, f"reshape, g = {g}\n"
+              f"{'a view, no copy' if is_view else 'a copy'}", ha="center", va="bottom", size=8)
+    draw.text(ax, x_s, y_h, f"(B, H_kv, g·L, hd)\n= (B, {n_kv_heads}, {g * L}, hd)", ha="center",
+              family=MONO, size=8)
+    draw.text(ax, (x_k + x_v) / 2, y_h, "keys and values\n(B, H_kv, S, hd)", ha="center", size=8)
     y_left = {r: top - pitch * (r + 0.5) for r in range(n_rows)}
     for j, group in enumerate(rows):
         color = colors[j % len(colors)]
         y0 = top - j * (g * L * pitch + gap)
         ys = [y0 - pitch * (i + 0.5) for i in range(len(group))]
         for r, y in zip(group, ys, strict=True):
-            _box(ax, x_q, y_left[r], qw, bh, name(r), color, size=8)
-            _box(ax, x_s, y, qw, bh, name(r), color, size=8, gid=f"row{j}-{r}")
+            draw.box(ax, x_q, y_left[r], qw, bh, name(r), color, size=8)
+            draw.box(ax, x_s, y, qw, bh, name(r), color, size=8, gid=f"row{j}-{r}")
             ax.plot([x_q + qw / 2, x_s - qw / 2], [y_left[r], y], color=color, lw=0.8)
         mid, span = (ys[0] + ys[-1]) / 2, ys[0] - ys[-1] + bh
-        _box(ax, x_k, mid, kvw, span, f"key\nhead {j}", color, size=8, gid=f"k{j}")
-        _box(ax, x_v, mid, kvw, span, f"value\nhead {j}", color, size=8)
-        _arrow(ax, (x_s + qw / 2 + 0.04, mid), (x_k - kvw / 2 - 0.04, mid), color)
+        draw.box(ax, x_k, mid, kvw, span, f"key\nhead {j}", color, size=8, gid=f"k{j}")
+        draw.box(ax, x_v, mid, kvw, span, f"value\nhead {j}", color, size=8)
+        draw.arrow(ax, (x_s + qw / 2 + 0.04, mid), (x_k - kvw / 2 - 0.04, mid), color)
     groups = f"{n_kv_heads} group{'s' if n_kv_heads > 1 else ''}"
-    _text(ax, W / 2, 0.38, f"{n_kv_heads} product{'s' if n_kv_heads > 1 else ''} of "
-          f"({g * L} × hd)·(hd × S), one per key/value head: the {g * L} query rows of a group\n"
-          f"meet their keys and values in one matrix-matrix product, where head by head it "
-          f"takes {g} matrix-vector products.", ha="center", size=8)
+    draw.text(ax, W / 2, 0.38, f"{n_kv_heads} product{'s' if n_kv_heads > 1 else ''} of "
+              f"({g * L} × hd)·(hd × S), one per key/value head: the {g * L} query rows of a group\n"
+              f"meet their keys and values in one matrix-matrix product, where head by head it "
+              f"takes {g} matrix-vector products.", ha="center", size=8)
     return Diagram(fig, f"The {n_heads} query heads ({L} token{'s' if L > 1 else ''} each) are "
                         f"regrouped into {groups} of {g * L} rows, "
                         f"from (B, H, L, hd) to (B, {n_kv_heads}, {g * L}, hd), "
@@ -440,15 +470,14 @@ def repeat_kv_shape(shape: tuple[int, ...], g: int) -> tuple[int, ...]:
 def check_cache_bytes(fn: object) -> str:
     """Chapter 7, exercise 1: ``fn(batch, n_kv_heads, context, head_dim, itemsize)`` is the size
     of a KV cache in bytes, checked against a real :class:`~selfattn.KVCache`."""
-    for batch, n_kv, context, hd, dtype in [(1, 16, 100, 64, torch.float32),
-                                             (2, 1, 37, 8, torch.float16),
-                                             (3, 4, 10, 16, torch.bfloat16)]:
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        got = _call(fn, batch, n_kv, context, hd, itemsize)
-        want = kv_cache_bytes(batch, n_kv, context, hd, dtype)
-        if got != want:
-            raise NotYet(f"batch={batch}, n_kv_heads={n_kv}, context={context}, head_dim={hd}, "
-                         f"itemsize={itemsize}: you say {got!r}, the cache holds {want}")
+    dtypes = {4: torch.float32, 2: torch.bfloat16}  # a dtype of each itemsize
+
+    def cache_bytes(batch: int, n_kv: int, context: int, hd: int, itemsize: int) -> int:
+        return kv_cache_bytes(batch, n_kv, context, hd, dtypes[itemsize])
+
+    same_as(fn, cache_bytes, [(1, 16, 100, 64, 4), (2, 1, 37, 8, 2), (3, 4, 10, 16, 2)],
+            "{args}: you say {got!r}, the cache holds {want}",
+            names=("batch", "n_kv_heads", "context", "head_dim", "itemsize"))
     return "keys and values: 2 * batch * n_kv_heads * context * head_dim * itemsize"
 
 

@@ -11,20 +11,22 @@ from __future__ import annotations
 import math
 import pathlib
 import platform
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Polygon
 from torch import Tensor, nn
 
 from .. import fastpaths
 from ..attention import scaled_dot_product_attention
-from ..checks import check_positive_int
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from ..tiled import tiled_attention
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
-from .kit.draw import GREY, MONO, OUT, Diagram, Q, _arrow, _canvas, _text, _tint
+from .kit import draw
+from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor, same_as
+from .kit.draw import GREY, MONO, OUT, Diagram, Q
 from .kit.measure import (
     attention_flops,
     compare,
@@ -197,14 +199,14 @@ def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n
     return rows
 
 
-# the variants of training_benchmark: each a function of x, and the same call as a statement on
-# x, for the fresh process that measures its peak memory
+# the variants of training_benchmark: each a function of x, and the same function by its import
+# path, for the fresh process that measures its peak memory (kit.peak)
 TRAINING_VARIANTS = {
     "explicit (selfattn)": (lambda x: scaled_dot_product_attention(x, x, x)[0],
-                            "scaled_dot_product_attention(x, x, x)[0]"),
-    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "tiled_attention(x, x, x)"),
+                            "selfattn.scaled_dot_product_attention"),
+    "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "selfattn.tiled_attention"),
     "F.scaled_dot_product_attention": (lambda x: F.scaled_dot_product_attention(x, x, x),
-                                       "F.scaled_dot_product_attention(x, x, x)"),
+                                       "torch.nn.functional.scaled_dot_product_attention"),
 }
 
 
@@ -238,25 +240,12 @@ def training_benchmark(lengths: tuple[int, ...] = (1024, 2048, 4096), n_heads: i
     return rows
 
 
-def _fresh_training_peak(call: str, T: int, n_heads: int, head_dim: int) -> int | None:
-    """Peak bytes of one forward+backward of ``call`` (on ``x``, ``(1, n_heads, T, head_dim)``) in
-    a fresh process, after one call on a short input (what a process allocates once is not
-    counted); the input itself is not counted, its gradient is."""
-    setup = f"""
-import torch
-import torch.nn.functional as F
-from selfattn import scaled_dot_product_attention, tiled_attention
-torch.set_num_threads({torch.get_num_threads()})
-
-def step():
-    with torch.enable_grad():
-        ({call}).sum().backward()
-
-x = torch.randn(1, {n_heads}, 16, {head_dim}, requires_grad=True)
-step()
-x = torch.randn(1, {n_heads}, {T}, {head_dim}, requires_grad=True)
-"""
-    return fresh_process_peak_memory("step()", setup)
+def _fresh_training_peak(function: str, T: int, n_heads: int, head_dim: int) -> int | None:
+    """Peak bytes of one forward+backward of ``function`` on ``x``, ``(1, n_heads, T, head_dim)``,
+    in a fresh process with this process's threads, after one call on a short input (what a
+    process allocates once is not counted); the input itself is not counted, its gradient is."""
+    return fresh_process_peak_memory(function, T, n_heads, head_dim, backward=True,
+                                     threads=torch.get_num_threads())
 
 
 def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 0,
@@ -428,6 +417,109 @@ def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
                 for name, fn in calls.items()]
 
 
+@dataclass(frozen=True)
+class Tile:
+    """One tile of :func:`online_softmax_tiles`, block row ``a`` by block column ``b``: for each
+    of its query rows, the first of its key columns the mask hides (its width when none is; the
+    mask, causal or none, keeps a prefix of every row)."""
+
+    a: int
+    b: int
+    first_hidden: tuple[int, ...]
+    width: int  # key columns (the last block column may be narrower than block_size)
+
+    @property
+    def visible(self) -> bool:
+        """Whether the mask keeps any score of the tile: a hidden tile is skipped."""
+        return any(self.first_hidden)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the mask hides some of the tile's scores, not all (a diagonal tile)."""
+        return self.visible and min(self.first_hidden) < self.width
+
+
+@dataclass(frozen=True)
+class TilesLayout:
+    """What :func:`online_softmax_tiles` draws, computed without matplotlib: the tiles of the
+    ``(L, S)`` scores under the mask (:func:`~selfattn.masks.causal_mask` or none), the query
+    block that walks its key blocks up to ``last``, and a tile's height and width (inches)."""
+
+    L: int
+    S: int
+    block_size: int
+    causal: bool
+    query_block: int
+    tiles: list[Tile]
+    last: int
+    tile_h: float
+    tile_w: float
+
+    @property
+    def n_rows(self) -> int:
+        return math.ceil(self.L / self.block_size)
+
+    @property
+    def n_cols(self) -> int:
+        return math.ceil(self.S / self.block_size)
+
+    @property
+    def skipped(self) -> int:
+        return sum(not tile.visible for tile in self.tiles)
+
+    @property
+    def notes(self) -> list[tuple[str, dict]]:
+        """The text column beside the grid, each with its style."""
+        qb, bs, L, S = self.query_block, self.block_size, self.L, self.S
+        lines: list[tuple[str, dict]] = [(f"block_size = {bs}: {self.n_rows} × {self.n_cols} tiles", {})]
+        if self.causal:
+            lines.append((f"grey: hidden by the causal mask;\n{self.skipped} of {len(self.tiles)} tiles "
+                          "skipped", {}))
+        rows = f"{qb * bs}–{min((qb + 1) * bs, L) - 1}"
+        return [*lines, (f"query block {qb} (rows {rows}) walks its key\nblocks left to right, keeping "
+                         "per row:", {"color": OUT}),
+                (_ONLINE_SOFTMAX, {"family": MONO, "size": 8.5}),
+                (f"never stored: the full L × S matrix\n({L} × {S} = {L * S:,} scores)", {})]
+
+    @property
+    def alt(self) -> str:
+        mask = (f"; the causal mask hides {self.skipped} of them entirely, and they are skipped"
+                if self.causal else "")
+        return (f"The {self.L} × {self.S} score matrix cut into {self.n_rows} × {self.n_cols} tiles of "
+                f"{self.block_size}{mask}. Query block {self.query_block} walks its key blocks left to "
+                f"right, updating a running maximum m and sum l per row and an output acc that is "
+                f"divided by l at the end, so the full matrix is never stored.")
+
+
+_ONLINE_SOFTMAX = ("m_new = max(m, rowmax(s))\n"
+                   "alpha = exp(m − m_new)\n"
+                   "l = alpha · l + rowsum(exp(s − m_new))\n"
+                   "acc = alpha · acc + exp(s − m_new) @ V_j\n"
+                   "m = m_new\n"
+                   "at the end: acc / l")
+
+
+def tiles_layout(L: int = 16, S: int = 16, block_size: int = 4, causal: bool = True,
+                 query_block: int | None = None) -> TilesLayout:
+    """:func:`online_softmax_tiles`' layout: every tile read from the mask, the query block's
+    last visible key block, and tiles sized to fit the page (square unless the matrix is very
+    long or wide)."""
+    nq, nk = math.ceil(L / block_size), math.ceil(S / block_size)
+    qb = nq // 2 if query_block is None else query_block
+    keep = causal_mask(L, S) if causal else torch.ones(L, S, dtype=torch.bool)
+    tiles = []
+    for a in range(nq):
+        for b in range(nk):
+            part = keep[a * block_size:(a + 1) * block_size, b * block_size:(b + 1) * block_size]
+            first = [int(row.int().argmin()) if not row.all() else part.shape[1] for row in part]
+            tiles.append(Tile(a, b, tuple(first), part.shape[1]))
+    last = max(t.b for t in tiles if t.a == qb and t.visible)
+    t_h, t_w = min(2.6 / nq, 0.6), min(3.0 / nk, 0.6)  # a tile's height and width, in inches
+    if max(t_h, t_w) < 2 * min(t_h, t_w):
+        t_h = t_w = min(t_h, t_w)
+    return TilesLayout(L, S, block_size, causal, qb, tiles, last, t_h, t_w)
+
+
 def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: bool = True,
                          query_block: int | None = None) -> Diagram:
     r"""The ``(L, S)`` score matrix as FlashAttention-2 computes it (Dao 2023, §3.1): in tiles
@@ -436,78 +528,44 @@ def online_softmax_tiles(L: int = 16, S: int = 16, block_size: int = 4, causal: 
     its key blocks keeping, per row, a running maximum $m$ and sum $l$ (the online softmax) and
     the unnormalised output ``acc``, divided by $l$ once at the end (the names of
     :func:`selfattn.tiled.tiled_forward`), so the full matrix is never
-    stored. ``query_block`` defaults to the middle one."""
-    check_positive_int(L, "L", most=10**7)
-    check_positive_int(S, "S", most=10**7)
-    check_positive_int(block_size, "block_size")
-    nq, nk = math.ceil(L / block_size), math.ceil(S / block_size)
-    if max(nq, nk) > 16:
-        raise ValueError(f"{nq} x {nk} tiles are too many to draw; at most 16 per side: pass a "
-                         f"block_size of at least {math.ceil(max(L, S) / 16)}")
-    qb = nq // 2 if query_block is None else query_block
-    if isinstance(qb, bool) or not isinstance(qb, int) or not 0 <= qb < nq:
-        raise ValueError(f"query_block must be an int from 0 to {nq - 1}, got {query_block!r}")
-    keep = causal_mask(L, S) if causal else torch.ones(L, S, dtype=torch.bool)
-    t_h, t_w = min(2.6 / nq, 0.6), min(3.0 / nk, 0.6)  # a tile's height and width, in inches
-    if max(t_h, t_w) < 2 * min(t_h, t_w):  # square tiles, unless the matrix is very long or wide
-        t_h = t_w = min(t_h, t_w)
-    grid_h = L / block_size * t_h
+    stored. ``query_block`` defaults to the middle one (:func:`tiles_layout`)."""
+    layout = tiles_layout(L, S, block_size, causal, query_block)
+    return Diagram(_draw_tiles(layout), layout.alt)
+
+
+def _draw_tiles(layout: TilesLayout) -> Figure:
+    bs, t_h, t_w, qb = layout.block_size, layout.tile_h, layout.tile_w, layout.query_block
+    grid_h = layout.L / bs * t_h
     W, H = PAGE_WIDTH, max(grid_h + 0.75, 3.7)  # room for the text column beside the grid
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     x0, y_top = 0.45, min(H - 0.45, H - 0.8 + grid_h / 2)  # room for the rotated label beside it
-    skipped = 0
-    for a in range(nq):
-        for b in range(nk):
-            part = keep[a * block_size:(a + 1) * block_size, b * block_size:(b + 1) * block_size]
-            th, tw = t_h * part.shape[0] / block_size, t_w * part.shape[1] / block_size
-            x, y = x0 + b * t_w, y_top - a * t_h
-            visible = bool(part.any())
-            skipped += not visible
-            color = _tint(Q, 0.3) if a == qb and visible else "white" if visible else "#d9d9d9"
-            ax.add_patch(FancyBboxPatch((x + 0.015, y - th + 0.015), tw - 0.03, th - 0.03, facecolor=color,
-                                        boxstyle="round,pad=0,rounding_size=0.03", edgecolor=GREY,
-                                        lw=0.8, gid=f"tile{a}-{b}" + ("" if visible else " skipped")))
-            if visible and not bool(part.all()):  # grey over the masked corner of a diagonal tile
-                n_r, n_c = part.shape
-                first = [int(row.int().argmin()) if not row.all() else n_c for row in part]
-                pts = [(x + tw, y)]
-                for i, c in enumerate(first):  # a staircase down the first masked column of each row
-                    pts += [(x + tw * c / n_c, y - th * i / n_r), (x + tw * c / n_c, y - th * (i + 1) / n_r)]
-                ax.add_patch(Polygon([*pts, (x + tw, y - th)], facecolor="#d9d9d9", edgecolor="none"))
-    _text(ax, x0 + S / block_size * t_w / 2, y_top + 0.18, f"keys (S = {S})", ha="center")
-    _text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {L})", ha="center", rotation=90)
-    y_row = y_top - (qb + 0.5) * t_h
-    last = max(b for b in range(nk) if keep[qb * block_size:(qb + 1) * block_size,
-                                            b * block_size:(b + 1) * block_size].any())
-    _arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, S / block_size * t_w) - 0.05, y_row),
-           OUT, lw=1.8)
+    for tile in layout.tiles:
+        n_r, n_c = len(tile.first_hidden), tile.width
+        th, tw = t_h * n_r / bs, t_w * n_c / bs
+        x, y = x0 + tile.b * t_w, y_top - tile.a * t_h
+        color = (draw.tint(Q, 0.3) if tile.a == qb and tile.visible else "white" if tile.visible
+                 else "#d9d9d9")
+        ax.add_patch(FancyBboxPatch((x + 0.015, y - th + 0.015), tw - 0.03, th - 0.03, facecolor=color,
+                                    boxstyle="round,pad=0,rounding_size=0.03", edgecolor=GREY, lw=0.8,
+                                    gid=f"tile{tile.a}-{tile.b}" + ("" if tile.visible else " skipped")))
+        if tile.partial:  # grey over the masked corner: a staircase down the first hidden columns
+            pts = [(x + tw, y)]
+            for i, c in enumerate(tile.first_hidden):
+                pts += [(x + tw * c / n_c, y - th * i / n_r), (x + tw * c / n_c, y - th * (i + 1) / n_r)]
+            ax.add_patch(Polygon([*pts, (x + tw, y - th)], facecolor="#d9d9d9", edgecolor="none"))
+    draw.text(ax, x0 + layout.S / bs * t_w / 2, y_top + 0.18, f"keys (S = {layout.S})", ha="center")
+    draw.text(ax, x0 - 0.17, y_top - grid_h / 2, f"queries (L = {layout.L})", ha="center", rotation=90)
+    y_row, last = y_top - (qb + 0.5) * t_h, layout.last
+    draw.arrow(ax, (x0 + 0.05, y_row), (x0 + min((last + 1) * t_w, layout.S / bs * t_w) - 0.05, y_row),
+               OUT, lw=1.8)
     if t_h >= 0.3 and (last + 1) * t_w >= 0.45:  # room for a label over the arrow
-        _text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
-    x_t = x0 + nk * t_w + 0.35
-    rows = f"{qb * block_size}–{min((qb + 1) * block_size, L) - 1}"
-    lines = [(f"block_size = {block_size}: {nq} × {nk} tiles", {})]
-    if causal:
-        lines.append((f"grey: hidden by the causal mask;\n{skipped} of {nq * nk} tiles skipped", {}))
-    lines += [(f"query block {qb} (rows {rows}) walks its key\nblocks left to right, keeping per row:",
-               {"color": OUT}),
-              ("m_new = max(m, rowmax(s))\n"
-               "alpha = exp(m − m_new)\n"
-               "l = alpha · l + rowsum(exp(s − m_new))\n"
-               "acc = alpha · acc + exp(s − m_new) @ V_j\n"
-               "m = m_new\n"
-               "at the end: acc / l",
-               {"family": MONO, "size": 8.5, "x": x_t + 0.15}),
-              (f"never stored: the full L × S matrix\n({L} × {S} = {L * S:,} scores)", {})]
-    y = H - 0.3
-    for text, kw in lines:
-        line_h = 0.165 if kw.get("family") == MONO else 0.21  # inches per line of 8.5 or 9 pt
-        _text(ax, kw.pop("x", x_t), y, text, va="top", linespacing=1.4, **kw)
-        y -= line_h * (text.count("\n") + 1) + 0.17
-    mask = f"; the causal mask hides {skipped} of them entirely, and they are skipped" if causal else ""
-    return Diagram(fig, f"The {L} × {S} score matrix cut into {nq} × {nk} tiles of {block_size}{mask}. "
-                        f"Query block {qb} walks its key blocks left to right, updating a running maximum "
-                        f"m and sum l per row and an output acc that is divided by l at the end, so the "
-                        f"full matrix is never stored.")
+        draw.text(ax, x0 + 0.08, y_row + 0.04, "m, l, acc", size=8.5, color=OUT, va="bottom")
+    x_t, y = x0 + layout.n_cols * t_w + 0.35, H - 0.3
+    for text, style in layout.notes:
+        mono = style.get("family") == MONO
+        draw.text(ax, x_t + 0.15 if mono else x_t, y, text, va="top", linespacing=1.4, **style)
+        y -= (0.165 if mono else 0.21) * (text.count("\n") + 1) + 0.17  # inches per line of 8.5 or 9 pt
+    return fig
 
 
 def scores_bytes(n_heads: int, T: int, dtype: torch.dtype = torch.float32) -> int:
@@ -518,13 +576,10 @@ def scores_bytes(n_heads: int, T: int, dtype: torch.dtype = torch.float32) -> in
 @_checker
 def check_attention_flops(fn: object) -> str:
     """Chapter 9, exercise 1: ``fn(L, S, d, n_heads, batch)`` is attention's dense forward FLOPs."""
-    for args in ((1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)):
-        got = _call(fn, *args)
-        want = attention_flops(*args)
-        if got != want:
-            hint = " (that counts each product once: a multiply-add is 2 FLOPs)" if got == want // 2 else ""
-            raise NotYet(f"for (L, S, d, n_heads, batch) = {args}: you say {got!r}, expected "
-                         f"{want:,}{hint}")
+    same_as(fn, attention_flops, [(1, 1, 1, 1, 1), (3, 5, 4, 2, 1), (512, 512, 64, 8, 8), (7, 100, 16, 3, 2)],
+            "for (L, S, d, n_heads, batch) = {case}: you say {got!r}, expected {want:,}{hint}",
+            mistakes=[(lambda *case: attention_flops(*case) // 2,
+                       " (that counts each product once: a multiply-add is 2 FLOPs)")])
     return "4 * L * S * d per head and per sequence: QK^T and AV, 2LSd each"
 
 

@@ -25,10 +25,6 @@ class EinopsSelfAttention(nn.Module):
 
     def __init__(self, embed_size: int, heads: int) -> None:
         super().__init__()
-        if embed_size % heads:
-            raise ValueError(
-                f"embed_size ({embed_size}) must be divisible by heads ({heads})"
-            )
         self.heads = heads
         self.head_dim = embed_size // heads
         # fix 3: full-width projections, one per role, applied in forward

@@ -4,16 +4,17 @@ where the attention of each scheme goes, RoPE's rotation drawn, and the chapter'
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Circle
 from torch import Tensor
 
-from ..checks import check_positive_int
 from ..positional import alibi_slopes, apply_rope, sinusoidal_encoding
-from .kit.checkers import NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
-from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q, _tint
+from .kit import draw
+from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
+from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q
 from .kit.train import Sequences
 from .kit.viz import PAGE_WIDTH
 
@@ -28,13 +29,6 @@ def recent_cue_task(n: int, seq_len: int = 32, n_cues: int = 4, cue_rate: float 
     order, so the rule is the same at every length: chapter 5 trains at one length and tests at
     longer ones. Without positions, attention sees the set of earlier cues but not their order.
     """
-    check_positive_int(n, "n")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(n_cues, "n_cues")
-    if not 0.0 < cue_rate < 1.0:
-        raise ValueError(f"cue_rate must be in (0, 1), got {cue_rate}")
-    if vocab_size <= n_cues + 1:
-        raise ValueError(f"vocab_size must exceed 1 + n_cues = {n_cues + 1}, got {vocab_size}")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(n_cues + 1, vocab_size, (n, seq_len), generator=g)  # (N, T) fillers
     is_cue = torch.rand(n, seq_len, generator=g) < cue_rate  # (N, T)
@@ -123,48 +117,13 @@ def old_cue_ratio_by_offset(weights: Tensor, tokens: Tensor, n_cues: int, bin_wi
     return torch.tensor(out)
 
 
-def cue_weights(weights: Tensor, tokens: Tensor, n_cues: int, beyond: int, first_query: int = 0
-                ) -> dict[str, float]:
-    """Where the attention of a ``recent_cue_task`` model goes (chapter 5): the mean, over heads
-    and over queries ``first_query`` onwards, of the weight on
-
-    * ``"latest cue"``: the most recent cue at or before the query (the one its tag names);
-    * ``"old cues beyond"``: the other cues at least ``beyond`` tokens back;
-    * ``"fillers beyond"``: the fillers at least ``beyond`` tokens back;
-
-    and ``"cue / filler, per key"``: the weight one old cue that far back gets, over the weight
-    one filler that far back gets. ``weights`` ``(B, H, L, L)``, ``tokens`` ``(B, L)``; tokens
-    ``1..n_cues`` are the cues. Queries with no cue yet count only in the last three.
-    """
-    w, is_cue, latest, i = _cue_view(weights, tokens, n_cues, first_query)
-    has_cue = latest >= 0  # (B, Q)
-    on_latest = w.gather(2, latest.clamp(min=0)[..., None])[..., 0]  # (B, Q)
-    far = (i[first_query:, None] - i[None, :]) >= beyond  # (Q, L)
-    old_cue = far & is_cue[:, None, :] & (i != latest[..., None])  # (B, Q, L)
-    filler = far & ~is_cue[:, None, :]  # (B, Q, L)
-    n_queries = w.shape[0] * w.shape[1]
-    on_old = (w * old_cue).sum().item() / n_queries
-    on_filler = (w * filler).sum().item() / n_queries
-    per_old = on_old / max(old_cue.sum().item() / n_queries, 1e-12)
-    per_filler = on_filler / max(filler.sum().item() / n_queries, 1e-12)
-    return {
-        "latest cue": (on_latest * has_cue).sum().item() / max(has_cue.sum().item(), 1),
-        "old cues beyond": on_old,
-        "fillers beyond": on_filler,
-        "cue / filler, per key": per_old / max(per_filler, 1e-12),
-    }
-
-
 def _cue_view(weights: Tensor, tokens: Tensor, n_cues: int, first_query: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """What :func:`cue_weights` and :func:`old_cue_ratio_by_offset` read of a ``recent_cue_task``
+    """What :func:`old_cue_ratio_by_offset` reads of a ``recent_cue_task``
     batch: the head-averaged weights of queries ``first_query`` on ``(B, Q, L)``, which tokens are
     cues ``(B, L)``, each query's latest cue at or before it ``(B, Q)`` (-1: none yet), and the
-    positions ``(L,)``. Checks that ``weights`` ``(B, H, L, L)`` and ``tokens`` ``(B, L)`` match."""
-    B, _, L, S = weights.shape
-    if tokens.shape != (B, L) or S != L:
-        raise ValueError(f"weights (B, H, L, L) and tokens (B, L) must match, got "
-                         f"{tuple(weights.shape)} and {tuple(tokens.shape)}")
+    positions ``(L,)``."""
+    L = weights.shape[-1]
     w = weights.detach().float().cpu().mean(1)[:, first_query:]  # (B, Q, L): over heads
     tokens = tokens.cpu()
     i = torch.arange(L)
@@ -179,20 +138,8 @@ def rope_rotation(position: int = 3, theta: float = 1.0, x: tuple[float, float] 
     $m\theta$ (Su et al. 2021, §3.2): drawn for $m = 0 \dots$ ``position``. The points are
     :func:`~selfattn.positional.apply_rope`'s output: pair 1 of a 4-feature vector turns by
     $\text{base}^{-2/4}$ per position, so ``base = theta ** -2`` makes that $\theta$."""
-    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= 8:
-        raise ValueError(f"position must be an int from 0 to 8, got {position!r}")
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.01 <= theta <= math.pi / 2:
-        raise ValueError(f"theta must be a number of radians from 0.01 to pi/2, got {theta!r}")
-    if position * theta > 2 * math.pi - 0.3:
-        raise ValueError(f"position * theta = {position * theta:.2f} rad goes round the circle more than "
-                         f"once; take a smaller position or theta")
-    try:
-        x1, x2 = (float(c) for c in x)
-    except (TypeError, ValueError):
-        raise ValueError(f"x must be a pair of numbers (x_1, x_2), got {x!r}") from None
+    x1, x2 = map(float, x)
     r = math.hypot(x1, x2)
-    if not 0 < r < math.inf:
-        raise ValueError(f"x must be a non-zero, finite pair of numbers, got {x!r}")
     m = torch.arange(position + 1)
     vec = torch.tensor([0.0, 0.0, x1, x2], dtype=torch.float64).expand(position + 1, 4)
     points = apply_rope(vec, m, base=theta ** -2)[:, 2:].tolist()  # (position + 1, 2)
@@ -209,7 +156,7 @@ def rope_rotation(position: int = 3, theta: float = 1.0, x: tuple[float, float] 
     ax.text(lim, -0.09 * r, "$x_1$", fontsize=10, color=INK, ha="right", va="top")
     ax.text(-0.09 * r, lim, "$x_2$", fontsize=10, color=INK, ha="right", va="top")
     for k, (px, py) in enumerate(points):
-        color = Q if k == position else _tint(Q, 0.55)
+        color = Q if k == position else draw.tint(Q, 0.55)
         ax.annotate("", xy=(px, py), xytext=(0, 0), arrowprops={
             "arrowstyle": "-|>,head_length=0.5,head_width=0.25", "color": color, "lw": 1.4,
             "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
@@ -274,22 +221,22 @@ def check_rope(fn: object) -> str:
         if _close(got, want, atol=1e-4):
             continue
         given = f"given x of shape {shape} and positions {positions.tolist()}"
-        candidates = [
-            (lambda x=x, p=positions: apply_rope(x, -p), "the pairs turn the other way: the even "
+        candidates: Mistakes = [
+            (partial(apply_rope, x, -positions), "the pairs turn the other way: the even "
              "feature becomes x_2i cos - x_2i+1 sin and the odd one x_2i sin + x_2i+1 cos"),
-            (lambda x=x, p=positions: _rope_halves(x, p), "your function pairs the halves "
+            (partial(_rope_halves, x, positions), "your function pairs the halves "
              "(x[..., i], x[..., i + d/2]); this RoPE, like apply_rope, pairs neighbours "
              "(x[..., 2i], x[..., 2i+1])"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=100.0), "the angles use "
+            (partial(apply_rope, x, positions, base=100.0), "the angles use "
              "10000^(-i/d) for pair i; the frequency of pair i is 10000^(-2i/d)"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=1e8), "the angles use "
+            (partial(apply_rope, x, positions, base=1e8), "the angles use "
              "10000^(-4i/d) for pair i: torch.arange(0, d, 2) already holds 2i, so do not "
              "double it again"),
-            (lambda x=x, p=positions: apply_rope(x, p, base=1e-4), "the frequencies grow with i: "
+            (partial(apply_rope, x, positions, base=1e-4), "the frequencies grow with i: "
              "theta_i = 10000^(-2i/d), with a minus sign"),
         ]
         if not torch.equal(positions, torch.arange(len(positions))):
-            candidates.append((lambda x=x: apply_rope(x), f"{given}, your function rotates as if "
+            candidates.append((partial(apply_rope, x), f"{given}, your function rotates as if "
                                "the tokens sat at 0, 1, 2, ...: use the positions it is given"))
         hint = _first_match(got, candidates, atol=1e-2)  # float32 angles reach 1e5 in some
         if hint:

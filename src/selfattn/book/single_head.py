@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from matplotlib.axes import Axes
@@ -24,14 +25,15 @@ from matplotlib.patches import Circle
 from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
-from ..checks import check_positive_int
 from ..masks import causal_mask, padding_mask
 from ..multihead import MultiHeadAttention
-from ..scoring import AdditiveScorer
-from .kit.checkers import NotYet, _call, _checker, _close, _first_match, _number, _tensor
-from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V, _arrow, _box, _canvas, _shape, _text
+from ..scoring import AdditiveScorer, ScoredSelfAttention
+from .kit import draw
+from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _first_match, _number, _tensor, same_as
+from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters
 from .kit.viz import PAGE_WIDTH
+from .tagging import AttentionTagger, TaggingData
 
 
 def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")) -> Diagram:
@@ -40,28 +42,19 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     $q^1 = a^1 W^q$; $k^i = a^i W^k$, $v^i = a^i W^v$;
     $\alpha_{1,i} = q^1 \cdot k^i / \sqrt{d_k}$; $\alpha'_{1,i} = \operatorname{softmax}_i$;
     $b^1 = \sum_i \alpha'_{1,i} v^i$ (Vaswani et al. 2017, §3.2.1)."""
-    if isinstance(tokens, str):
-        raise ValueError("tokens must be a sequence of words, e.g. 'the cat sat'.split(), not one str")
     tokens = list(tokens)
     n = len(tokens)
-    if not 1 <= n <= 6:
-        raise ValueError(f"tokens must hold 1 to 6 words to fit the page, got {n}")
     W, H, left = PAGE_WIDTH, 4.2, 1.55  # captions on the left, q^1 then one column per token
     x_q, x0 = left + 0.25, left + 0.6
     cw = min((W - x0 - 0.05) / n, 1.1)  # a column per token
-    longest = max(int(cw / 0.07), 3)
-    for t in tokens:
-        if not isinstance(t, str) or not t.strip() or len(t) > longest:
-            raise ValueError(f"each token must be a non-empty str of at most {longest} characters "
-                             f"(for {n} tokens), got {t!r}")
     y_tok, y_a, y_kv, y_bus, y_s, y_soft, y_w, y_b = 0.2, 0.55, 1.35, 1.8, 2.2, 2.7, 3.2, 3.85
     bh, bw, vw = 0.3, min(0.45, 0.45 * cw), min(0.4, 0.33 * cw)  # widths: key and scores, value
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     for y, caption in [(y_a, "inputs $a^i$"), (y_kv, "$q^1 = a^1 W^q$\n$k^i = a^i W^k$, $v^i = a^i W^v$"),
                        (y_s, r"scores $\alpha_{1,i}$" "\n" r"$= q^1\cdot k^i / \sqrt{d_k}$"),
                        (y_soft, "softmax over $i$"), (y_w, r"weights $\alpha'_{1,i}$, times $v^i$"),
                        (y_b, "output")]:
-        _text(ax, 0.05, y, caption, size=10, linespacing=1.5)
+        draw.text(ax, 0.05, y, caption, size=10, linespacing=1.5)
     xc = [x0 + cw * (i + 0.5) for i in range(n)]
     xk = [x - 0.24 * cw for x in xc]  # the key, score and weight of token i
     xv = [x + 0.28 * cw for x in xc]  # its value, going up to the product
@@ -69,31 +62,31 @@ def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")
     top = bh / 2
     # the softmax couples every score: one band across all of them (the values pass over it,
     # through a gap at each value, so they do not read as going through the softmax)
-    _box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
-         fill="#eeeeee", gid="softmax band")
-    _box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
-    _arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
+    draw.box(ax, (xk[0] - bw / 2 + xv[-1]) / 2, y_soft, xv[-1] - xk[0] + bw / 2 + 0.1, 0.2, color=GREY,
+             fill="#eeeeee", gid="softmax band")
+    draw.box(ax, x_q, y_kv, vw, bh, "$q^1$", Q, size=10)
+    draw.arrow(ax, (xc[0] - 0.1, y_a + top), (x_q + 0.05, y_kv - top), Q)
     ax.plot([x_q, x_q, xk[-1] - 0.08], [y_kv + top, y_bus, y_bus], color=Q, lw=1.2)
     for i, (word, a, k, v) in enumerate(zip(tokens, xc, xk, xv, strict=True), start=1):
-        _text(ax, a, y_tok, word.replace("$", r"\$"), ha="center", style="italic")
-        _box(ax, a, y_a, min(0.55, 0.8 * cw), bh, f"$a^{{{i}}}$", GREY, size=10)
+        draw.text(ax, a, y_tok, word.replace("$", r"\$"), ha="center", style="italic")
+        draw.box(ax, a, y_a, min(0.55, 0.8 * cw), bh, f"$a^{{{i}}}$", GREY, size=10)
         for x, w, name, color in [(k, bw, "k", K), (v, vw, "v", V)]:
-            _box(ax, x, y_kv, w, bh, f"${name}^{{{i}}}$", color, size=10)
-            _arrow(ax, (a + (x - a) * 0.4, y_a + top), (x, y_kv - top), color)
-        _arrow(ax, (k - 0.08, y_bus), (k - 0.08, y_s - top), Q)  # q^1 reaches every score
-        _arrow(ax, (k + 0.08, y_kv + top), (k + 0.08, y_s - top), K)
-        _box(ax, k, y_s, bw, bh, rf"$\alpha_{{1,{i}}}$", INK, size=10, fill="white")
-        _arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
-        _arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
-        _box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
+            draw.box(ax, x, y_kv, w, bh, f"${name}^{{{i}}}$", color, size=10)
+            draw.arrow(ax, (a + (x - a) * 0.4, y_a + top), (x, y_kv - top), color)
+        draw.arrow(ax, (k - 0.08, y_bus), (k - 0.08, y_s - top), Q)  # q^1 reaches every score
+        draw.arrow(ax, (k + 0.08, y_kv + top), (k + 0.08, y_s - top), K)
+        draw.box(ax, k, y_s, bw, bh, rf"$\alpha_{{1,{i}}}$", INK, size=10, fill="white")
+        draw.arrow(ax, (k, y_s + top), (k, y_soft - 0.1), INK)
+        draw.arrow(ax, (k, y_soft + 0.1), (k, y_w - top), INK)
+        draw.box(ax, k, y_w, bw, bh, rf"$\alpha'_{{1,{i}}}$", INK, size=10, fill="white")
         ax.plot([v, v], [y_soft - 0.13, y_soft + 0.13], color="white", lw=6, zorder=2.9,
                 gid="gap")  # the gap in the softmax band where v^i crosses it
         ax.plot([v, v], [y_kv + top, y_w - 0.09], color=V, lw=1.2, zorder=3)  # v^i up to the product
         ax.add_patch(Circle((v, y_w), 0.09, facecolor="white", edgecolor=INK, lw=1, zorder=3))
-        _text(ax, v, y_w, "×", ha="center", zorder=4)
-        _arrow(ax, (k + bw / 2, y_w), (v - 0.09, y_w), INK)
-        _arrow(ax, (v, y_w + 0.09), (x_b + (v - x_b) * 0.3, y_b - 0.2), OUT)
-    _box(ax, x_b, y_b, 1.9, 0.4, r"$b^1 = \sum_i \alpha'_{1,i}\, v^i$", OUT, size=11)
+        draw.text(ax, v, y_w, "×", ha="center", zorder=4)
+        draw.arrow(ax, (k + bw / 2, y_w), (v - 0.09, y_w), INK)
+        draw.arrow(ax, (v, y_w + 0.09), (x_b + (v - x_b) * 0.3, y_b - 0.2), OUT)
+    draw.box(ax, x_b, y_b, 1.9, 0.4, r"$b^1 = \sum_i \alpha'_{1,i}\, v^i$", OUT, size=11)
     words = " ".join(tokens)
     return Diagram(fig, f"How self-attention computes the first output b^1 for the {n} tokens "
                         f"'{words}': the query q^1 of the first token is scored against the key k^i of "
@@ -105,14 +98,14 @@ def _matrix(ax: Axes, x: float, y: float, rows: int, cols: int, name: str, color
             above: str | None = None) -> tuple[float, float]:
     """A matrix as a box sized by its shape (log scale), name above, shape below; returns (w, h)."""
     w, h = _side(cols), _side(rows)
-    _box(ax, x, y, w, h, name, color, size=10)
+    draw.box(ax, x, y, w, h, name, color, size=10)
     if rows <= 16:  # one faint line per row: one row per token
         for r in range(1, rows):
             ax.plot([x - w / 2 + 0.03, x + w / 2 - 0.03], [y - h / 2 + r * h / rows] * 2,
                     color=color, lw=0.4, alpha=0.5)
-    _text(ax, x, y - h / 2 - 0.14, _shape(rows, cols), size=8.5, ha="center")
+    draw.text(ax, x, y - h / 2 - 0.14, draw.shape(rows, cols), size=8.5, ha="center")
     if above:
-        _text(ax, x, y + h / 2 + 0.16, above, ha="center", size=10)
+        draw.text(ax, x, y + h / 2 + 0.16, above, ha="center", size=10)
     return w, h
 
 
@@ -124,16 +117,14 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
     r"""Self-attention for all ``n`` tokens at once, each matrix drawn with its shape:
     $Q = AW^q$, $K = AW^k$, $V = AW^v$; $A' = \operatorname{softmax}(QK^\top/\sqrt{d_k})$ by rows;
     $B = A'V$ (Vaswani et al. 2017, eq. 1). Boxes grow with the log of each dimension."""
-    for value, name in [(n, "n"), (d_model, "d_model"), (d_k, "d_k"), (d_v, "d_v")]:
-        check_positive_int(value, name, most=9999)
     hn = _side(n)
     W, H = PAGE_WIDTH, 3 * hn + 2 * 0.62 + 0.8
-    fig, ax = _canvas(W, H)
+    fig, ax = draw.canvas(W, H)
     rows = [H - 0.45 - hn / 2 - i * (hn + 0.62) for i in range(3)]  # Q, K, V
     y_a, y_s = rows[1], (rows[0] + rows[1]) / 2
     x = max(0.1 + _side(d_model) / 2, 0.45)
     _matrix(ax, x, y_a, n, d_model, "$A$", GREY, above="inputs")
-    gap = max(0.9, 0.2 + 0.065 * len(_shape(d_model, max(d_k, d_v))))  # room for "(d_model, d_k)"
+    gap = max(0.9, 0.2 + 0.065 * len(draw.shape(d_model, max(d_k, d_v))))  # room for "(d_model, d_k)"
     x_qkv = x + _side(d_model) / 2 + 0.2 + gap + max(_side(d_k), _side(d_v)) / 2
     x_bus = x + _side(d_model) / 2 + 0.2  # A goes to a bus, the bus to Q, K and V
     ax.plot([x + _side(d_model) / 2, x_bus], [y_a] * 2, color=INK, lw=1)
@@ -141,24 +132,24 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
     for y, name, w_name, d, color in [(rows[0], "Q", "q", d_k, Q), (rows[1], "K", "k", d_k, K),
                                       (rows[2], "V", "v", d_v, V)]:
         _matrix(ax, x_qkv, y, n, d, f"${name}$", color)
-        _arrow(ax, (x_bus, y), (x_qkv - _side(d) / 2 - 0.03, y), color)
+        draw.arrow(ax, (x_bus, y), (x_qkv - _side(d) / 2 - 0.03, y), color)
         x_w = (x_bus + x_qkv - _side(d) / 2) / 2  # the weight: its name above the arrow, its shape below
-        _text(ax, x_w, y + 0.15, f"$\\times W^{w_name}$", size=10, ha="center")
-        _text(ax, x_w, y - 0.13, _shape(d_model, d), size=8.5, ha="center")
+        draw.text(ax, x_w, y + 0.15, f"$\\times W^{w_name}$", size=10, ha="center")
+        draw.text(ax, x_w, y - 0.13, draw.shape(d_model, d), size=8.5, ha="center")
     x_s = x_qkv + max(_side(d_k), _side(d_v)) / 2 + 0.7 + hn / 2
     _matrix(ax, x_s, y_s, n, n, r"$S$", INK)  # its name starts at its left edge, clear of the arrows
-    _text(ax, x_s - hn / 2 - 0.05, y_s + hn / 2 + 0.16, r"$S = QK^\top/\sqrt{d_k}$", size=10)
+    draw.text(ax, x_s - hn / 2 - 0.05, y_s + hn / 2 + 0.16, r"$S = QK^\top/\sqrt{d_k}$", size=10)
     for y, color in [(rows[0], Q), (rows[1], K)]:
-        _arrow(ax, (x_qkv + _side(d_k) / 2 + 0.05, y), (x_s - hn / 2 - 0.05, y_s), color)
+        draw.arrow(ax, (x_qkv + _side(d_k) / 2 + 0.05, y), (x_s - hn / 2 - 0.05, y_s), color)
     x_p = x_s + max(hn + 0.8, 1.45)
     _matrix(ax, x_p, y_s, n, n, "$A'$", INK, above="$A' = $ softmax($S$)")
-    _arrow(ax, (x_s + hn / 2 + 0.05, y_s), (x_p - hn / 2 - 0.05, y_s))
-    _text(ax, (x_s + x_p) / 2, y_s - 0.15, "by rows", size=8.5, ha="center")
+    draw.arrow(ax, (x_s + hn / 2 + 0.05, y_s), (x_p - hn / 2 - 0.05, y_s))
+    draw.text(ax, (x_s + x_p) / 2, y_s - 0.15, "by rows", size=8.5, ha="center")
     x_b = x_p + max(hn / 2 + 0.55 + _side(d_v) / 2, 1.0)
     _matrix(ax, x_b, y_s, n, d_v, "$B$", OUT, above="$B = A'V$")
-    _arrow(ax, (x_p + hn / 2 + 0.05, y_s), (x_b - _side(d_v) / 2 - 0.05, y_s))
+    draw.arrow(ax, (x_p + hn / 2 + 0.05, y_s), (x_b - _side(d_v) / 2 - 0.05, y_s))
     ax.plot([x_qkv + _side(d_v) / 2 + 0.05, x_b], [rows[2]] * 2, color=V, lw=1)
-    _arrow(ax, (x_b, rows[2]), (x_b, y_s - hn / 2 - 0.3), V)
+    draw.arrow(ax, (x_b, rows[2]), (x_b, y_s - hn / 2 - 0.3), V)
     return Diagram(fig, f"Self-attention in matrix form: the inputs A ({n}, {d_model}) times W^q, W^k "
                         f"and W^v give Q ({n}, {d_k}), K ({n}, {d_k}) and V ({n}, {d_v}); the scores "
                         f"S = QK^T / sqrt(d_k) are ({n}, {n}), softmax by rows gives A' ({n}, {n}), "
@@ -245,7 +236,7 @@ def _linears(layer: object, sizes: dict[str, int]) -> dict[str, nn.Linear]:
     if not isinstance(layer, nn.Module):
         raise NotYet(f"your class should be an nn.Module (class ...(nn.Module)), got an instance "
                      f"of {type(layer).__name__}")
-    found = {}
+    found: dict[str, nn.Linear] = {}
     given = ", ".join(f"{k}={v}" for k, v in sizes.items())
     for name, out_name in _PROJECTIONS.items():
         linear = getattr(layer, name, None)
@@ -276,6 +267,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
                 raise NotYet(f"{why}. Call super().__init__() first in your __init__") from None
             raise
     linears = _linears(layer, sizes)
+    assert isinstance(layer, nn.Module)  # _linears said so
     # weights scaled so that the scores q.k / sqrt(d_k) have unit variance: no softmax saturates
     weights = {name: torch.randn(lin.out_features, d_model, generator=g) / math.sqrt(d_model)
                for name, lin in linears.items()}
@@ -309,7 +301,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
         scores = q @ k.transpose(-2, -1) * scale  # (B, T, T)
         return (torch.softmax(scores, dim=dim) if softmax else scores) @ v
 
-    candidates = [
+    candidates: Mistakes = [
         (lambda: attend(q, k, v, scale=1.0), "forgot the scale: divide the scores by sqrt(d_k) "
          "before the softmax (with the weights copied, your output is softmax(Q K^T) V)"),
         (lambda: attend(q, k, v, scale=1 / math.sqrt(d_model)), "the scores are divided by "
@@ -329,7 +321,7 @@ def _attention_layer_case(cls: object, d_model: int, d_k: int, d_v: int, seed: i
         wrong = [f"your {_ROLES[right]} come from {used}"
                  for used, right in zip(names, _PROJECTIONS, strict=True) if used != right]
         if wrong:
-            candidates.append((lambda names=names: attend(*(proj[n] for n in names)),
+            candidates.append((partial(attend, proj[names[0]], proj[names[1]], proj[names[2]]),
                                " and ".join(wrong) + ": queries, keys and values each have their "
                                "own projection, W_q, W_k and W_v"))
     hint = _first_match(got, candidates)
@@ -372,12 +364,8 @@ def additive_pair_bytes(L: int, S: int, hidden: int) -> int:
 @_checker
 def check_additive_parameters(fn: object) -> str:
     """Chapter 3, exercise 1: ``fn(query_dim, key_dim, hidden)`` counts an AdditiveScorer's numbers."""
-    for q_dim, k_dim, hidden in [(8, 8, 4), (10, 3, 16), (1, 1, 1)]:
-        got = _call(fn, q_dim, k_dim, hidden)
-        want = additive_parameters(q_dim, k_dim, hidden)
-        if got != want:
-            raise NotYet(f"query_dim={q_dim}, key_dim={k_dim}, hidden={hidden}: you say {got!r}, "
-                         f"the scorer has {want}")
+    same_as(fn, additive_parameters, [(8, 8, 4), (10, 3, 16), (1, 1, 1)],
+            "{args}: you say {got!r}, the scorer has {want}", names=("query_dim", "key_dim", "hidden"))
     return "W_q (hidden x query_dim) + W_k and its bias (hidden x key_dim + hidden) + w (hidden)"
 
 
@@ -385,12 +373,8 @@ def check_additive_parameters(fn: object) -> str:
 def check_additive_bytes(fn: object) -> str:
     """Chapter 3, exercise 2: ``fn(L, S, hidden)`` is the size in bytes of the float32
     ``(L, S, hidden)`` tensor the additive scorer builds, checked against the real tensor."""
-    for L, S, hidden in [(4, 6, 8), (128, 128, 32), (1, 1000, 3)]:
-        got = _call(fn, L, S, hidden)
-        want = additive_pair_bytes(L, S, hidden)
-        if got != want:
-            raise NotYet(f"L={L}, S={S}, hidden={hidden}: you say {got!r}, the tensor takes "
-                         f"{want} bytes")
+    same_as(fn, additive_pair_bytes, [(4, 6, 8), (128, 128, 32), (1, 1000, 3)],
+            "{args}: you say {got!r}, the tensor takes {want} bytes", names=("L", "S", "hidden"))
     return "L * S * hidden numbers of 4 bytes each"
 
 
@@ -441,7 +425,7 @@ def _masked_additive_case(fn: object, L: int, S: int, q_dim: int, k_dim: int, ma
 
         with torch.no_grad():
             s = scorer(q, k)  # (B, L, S)
-            candidates = [
+            candidates: Mistakes = [
                 (lambda: weights(s, None), f"{given}, the mask is not applied: before the "
                  "softmax, fill the scores where the mask is False with -inf"),
                 (lambda: weights(s, dim=-2), f"{given}, the softmax runs over the queries (dim=-2): "
@@ -533,14 +517,17 @@ def _general_case(fn: object, q_shape: tuple[int, ...], k_shape: tuple[int, ...]
                          f"must hold query i's scores, shape {tuple(want.shape)}")
         got = _tensor(got, want)
         if _close(got, want):
-            out, _ = attention(q, k, v, scorer=lambda a, b: _call(fn, a, b, W))  # type: ignore[arg-type]
+            def scores(a: Tensor, b: Tensor) -> Tensor:  # the reader's, shown right just above
+                return _tensor(_call(fn, a, b, W), want)
+
+            out, _ = attention(q, k, v, scorer=scores)
             want_out, _ = attention(q, k, v, scorer=scorer)
             if not _close(out, want_out):
                 raise NotYet(f"{given}, your scores are right, but as a scorer in "
                              "scoring.attention they give another output")
             return
         kt = k.transpose(-2, -1)  # (..., Ek, S)
-        candidates = [
+        candidates: Mistakes = [
             (lambda: q @ W.T @ kt, f"{given}, W is used transposed: q^T W k is "
              "query @ W @ key^T, W of shape (query_dim, key_dim)"),
             (lambda: (q @ W.T @ kt).transpose(-2, -1), f"{given}, the scores are transposed: "
@@ -616,8 +603,6 @@ def attention_gradients(d_k: int, scaled: bool, n_keys: int = 16, L: int = 16, b
 def top_share(norms: Tensor, fraction: float = 0.05) -> float:
     """The share of ``sum(norms**2)`` that the largest ``fraction`` of the entries carry
     (at least one entry): how concentrated a gradient is over its rows."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     squared = norms.detach().flatten().double().pow(2).sort(descending=True).values
     top = max(1, round(fraction * len(squared)))
     return (squared[:top].sum() / squared.sum()).item()
@@ -655,9 +640,10 @@ class CueGradients:
     score_weight_grad: float  # the norm of the mean loss's gradient at W^q and W^k together
 
 
-def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
-    r"""For a one-head tagger (``models.AttentionTagger(scorer=...)``, a dot-product scorer) on
-    a tagging task: the ambiguous word's weight on its cue and the gradient at that score.
+def cue_gradients(model: AttentionTagger, data: TaggingData) -> CueGradients:
+    r"""For a one-head tagger (:class:`~selfattn.book.tagging.AttentionTagger` with ``scorer=...``,
+    a dot-product scorer) on a tagging task: the ambiguous word's weight on its cue and the
+    gradient at that score.
 
     The loss of each sentence is its mean cross-entropy over its tokens, so ``cue_grad`` does
     not depend on how many sentences are measured; ``score_weight_grad`` is measured on the mean
@@ -667,6 +653,7 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     import torch.nn.functional as F
 
     attn = model.attn
+    assert isinstance(attn, ScoredSelfAttention)  # one head of a chosen scorer
     device = next(model.parameters()).device
     kept: dict[str, Tensor] = {}
     score = attn.score
@@ -680,7 +667,7 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     was_training = model.training
     model.eval()
     model.zero_grad()
-    attn.score = keep  # the instance attribute shadows the method while we measure
+    attn.score = keep  # type: ignore[method-assign]  # the instance's shadows the method, meanwhile
     try:
         tokens, tags = data.tokens.to(device), data.tags.to(device)
         logits, weights = model(tokens, need_weights=True)  # (N, T, C), (N, 1, T, T)
@@ -695,8 +682,9 @@ def cue_gradients(model: torch.nn.Module, data) -> CueGradients:
     cue_pos = pos - data.distance.to(device)
     row = weights[rows, 0, pos].detach()  # (N, T): what the ambiguous word attends to
     at_scores = kept["scores"].grad  # (N, T, T)
+    assert at_scores is not None  # backward reached the scores
     cue_grad = at_scores[rows, pos, cue_pos]  # (N,)
-    grads = [p.grad.flatten() for p in (attn.q_proj.weight, attn.k_proj.weight)]
+    grads = [p.grad.flatten() for p in (attn.q_proj.weight, attn.k_proj.weight) if p.grad is not None]
     predicted = logits.argmax(-1)[rows, pos]
     result = CueGradients(
         cue=data.tokens[rows.cpu(), cue_pos.cpu()],
@@ -716,8 +704,6 @@ def query_gradient_ratio(d_k: int, n_draws: int = 5) -> float:
     :func:`attention_gradients`' ``at_q``), as the median over ``n_draws`` independent draws:
     one draw's ratio near the crossover depends on the draw, the median much less. The first
     draw is :func:`attention_gradients`' default one."""
-    if n_draws < 1:
-        raise ValueError(f"n_draws must be at least 1, got {n_draws}")
     ratios = []
     for i in range(n_draws):
         seed = 1000 + d_k + 100_003 * i
@@ -732,8 +718,6 @@ def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
     ``n_b``: the chance, if both arms had the same rate, of a table at most as likely as this
     one given the margins (Fisher 1935). Small values: the counts differ more than chance
     explains."""
-    if not (0 <= k_a <= n_a and 0 <= k_b <= n_b) or n_a + n_b == 0:
-        raise ValueError(f"need 0 <= k <= n for both arms, got {k_a}/{n_a} and {k_b}/{n_b}")
     total = k_a + k_b
 
     def p(x: int) -> float:  # hypergeometric: x of the successes in arm a
@@ -753,21 +737,13 @@ def dot_variance(d: int, variance: float) -> float:
 def saturation_width(n_keys: int = 64, threshold: float = 0.9) -> int:
     """Chapter 4, exercise 2: the smallest power of two ``d_k`` at which the median unscaled row of
     ``n_keys`` keys puts more than ``threshold`` of its weight on its top key."""
-
-    for d in (2**i for i in range(1, 13)):
-        if median_top_weight(d, n_keys) > threshold:
-            return d
-    raise ValueError(f"no width up to 4096 puts more than {threshold} on the top of {n_keys} keys")
+    return next(d for d in (2**i for i in range(1, 13)) if median_top_weight(d, n_keys) > threshold)
 
 
 def gradient_crossover() -> int:
     """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query gets
-    more gradient with the scale than without it (``measure.query_gradient_ratio``)."""
-
-    for d in (2**i for i in range(1, 11)):
-        if query_gradient_ratio(d) > 1:
-            return d
-    raise ValueError("the scale gives the typical query less gradient at every width up to 1024")
+    more gradient with the scale than without it (:func:`query_gradient_ratio`)."""
+    return next(d for d in (2**i for i in range(1, 11)) if query_gradient_ratio(d) > 1)
 
 
 @_checker
@@ -783,22 +759,6 @@ def check_dot_variance(answer: object) -> str:
                      "Var(q_i) * Var(k_i)")
     return (f"each product has variance 0.5 * 0.5 = 0.25; 100 of them give "
             f"{dot_variance(100, 0.5):g} (measured over 40,000 samples: {measured:.2f})")
-
-
-@_checker
-def check_unit_variance_scale(fn: object) -> str:
-    """Chapter 4, exercise 2: ``fn(d)`` is the scale that gives q . k unit variance."""
-    g = torch.Generator().manual_seed(5)
-    for d in (4, 64, 512):
-        scale = _call(fn, d)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-            raise NotYet(f"for d={d} your function should return a number, got {scale!r}")
-        q = torch.randn(50_000, d, generator=g, dtype=torch.float64)
-        k = torch.randn(50_000, d, generator=g, dtype=torch.float64)
-        var = ((q * k).sum(-1) * scale).var().item()
-        if not 0.9 < var < 1.1:
-            raise NotYet(f"with d={d} your scale {scale:.4g} gives variance {var:.3g}, not 1")
-    return "scale = 1/sqrt(d): the variance d times scale^2 is 1"
 
 
 def _power_of_two(answer: object) -> int:
@@ -830,7 +790,7 @@ def check_saturation_width(answer: object) -> str:
 def check_gradient_crossover(answer: object) -> str:
     """Chapter 4, exercise 3: the smallest power of two ``d_k`` at which the typical query (the
     median row) gets more gradient with the scale than without it, as the median over several
-    random draws (``measure.query_gradient_ratio``)."""
+    random draws (:func:`query_gradient_ratio`)."""
     ratio = query_gradient_ratio  # the median over several draws
 
     d = _power_of_two(answer)

@@ -28,11 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_positive_int
 from ..multihead import MultiHeadAttention
 from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
 from ..scoring import ScoredSelfAttention
-from .kit.checkers import NotYet, _call, _checker
+from .kit.checkers import _checker, same_as
 from .kit.measure import count_parameters
 from .kit.train import Sequences
 
@@ -79,25 +78,10 @@ def tagging_task(
     not where it is (a bag of words) cannot tell which cue decides. The same seed always gives the
     same data.
     """
-    check_positive_int(n, "n")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(n_cues, "n_cues")
-    check_positive_int(n_filler_tags, "n_filler_tags")
-    if isinstance(decoys, bool) or not isinstance(decoys, int) or decoys < 0:
-        raise ValueError(f"decoys must be a non-negative int, got {decoys!r}")
-    if decoys and n_cues < 2:
-        raise ValueError("decoys need at least two cue words (a decoy differs from the cue)")
     longest = seq_len - 1 - decoys  # leave room for the decoys after the ambiguous word
     max_distance = longest if max_distance is None else max_distance
-    if not 1 <= min_distance <= max_distance <= longest:
-        raise ValueError(
-            f"need 1 <= min_distance <= max_distance <= seq_len - 1 - decoys = {longest}, got "
-            f"min_distance={min_distance}, max_distance={max_distance}, seq_len={seq_len}, "
-            f"decoys={decoys}"
-        )
+    assert 1 <= min_distance <= max_distance <= longest, "the cue must fit before the word"
     first_filler = n_cues + 1
-    if vocab_size <= first_filler:
-        raise ValueError(f"vocab_size must exceed 1 + n_cues = {first_filler}, got {vocab_size}")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(first_filler, vocab_size, (n, seq_len), generator=g)  # (N, T)
     tags = 2 * n_cues + tokens % n_filler_tags  # (N, T)
@@ -133,8 +117,6 @@ class WindowTagger(nn.Module):
     def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
                  hidden: int = 64) -> None:
         super().__init__()
-        if window < 0:
-            raise ValueError(f"window must be >= 0, got {window}")
         self.window = window
         self.embed = nn.Embedding(vocab_size, d)
         self.mlp = nn.Sequential(nn.Linear((2 * window + 1) * d, hidden), nn.ReLU(),
@@ -156,11 +138,9 @@ class CNNTagger(nn.Module):
     def __init__(self, vocab_size: int, n_tags: int, d: int = 32, kernel: int = 5,
                  n_layers: int = 2) -> None:
         super().__init__()
-        if kernel % 2 == 0:
-            raise ValueError(f"kernel must be odd to keep the length, got {kernel}")
         self.embed = nn.Embedding(vocab_size, d)
         self.convs = nn.ModuleList(nn.Conv1d(d, d, kernel, padding=kernel // 2)
-                                   for _ in range(check_positive_int(n_layers, "n_layers")))
+                                   for _ in range(n_layers))
         self.out = nn.Linear(d, n_tags)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -247,12 +227,12 @@ class AttentionTagger(nn.Module):
                  n_kv_heads: int | None = None, positions: str = "sinusoidal",
                  causal: bool = False, head_dim: int | None = None) -> None:
         super().__init__()
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
-        if scorer is not None and positions in ("rope", "alibi"):
-            raise ValueError(f"positions={positions!r} needs the multi-head layer; "
-                             f"a scorer ({scorer!r}) takes 'none', 'sinusoidal' or 'learned'")
+        assert positions in POSITIONS, f"positions: one of {POSITIONS}"
+        assert scorer is None or positions not in ("rope", "alibi"), "RoPE and ALiBi need the MHA layer"
         self.positions, self.causal, self.max_len = positions, causal, max_len
+        self.n_heads = n_heads if scorer is None else 1  # a scorer's layer has one head
+        self.attn: MultiHeadAttention | ScoredSelfAttention
+        self.pe: Tensor  # the sinusoidal table, a buffer
         self.embed = nn.Embedding(vocab_size, d)
         if positions == "sinusoidal":
             self.register_buffer("pe", sinusoidal_encoding(max_len, d), persistent=False)
@@ -276,14 +256,12 @@ class AttentionTagger(nn.Module):
         T = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
         if self.positions == "sinusoidal":
-            if T > self.max_len:
-                raise ValueError(f"sequence of {T} tokens is longer than max_len={self.max_len}")
             x = x + self.pe[:T]
         elif self.positions == "learned":
             x = x + self.learned(T)  # raises beyond max_len
         bias = None
         if self.positions == "alibi":
-            bias = alibi_bias(self.attn.config.n_heads, T, device=tokens.device)  # (H, T, T)
+            bias = alibi_bias(self.n_heads, T, device=tokens.device)  # (H, T, T)
         if score_bias is not None:
             bias = score_bias if bias is None else bias + score_bias  # (B, H, T, T)
         a, weights = self.attn(x, attn_mask=bias, is_causal=self.causal,
@@ -357,7 +335,7 @@ class CueReport:
     decoy_weight: float  # mean weight on the decoys after the word (the head that gives most)
 
 
-def cue_report(model: torch.nn.Module, task: object) -> CueReport:
+def cue_report(model: AttentionTagger, task: TaggingData) -> CueReport:
     r"""Break one attention tagger's behaviour on a :func:`~selfattn.book.tagging.tagging_task`
     down by the cue of each sentence (the tagger returns its weights with ``need_weights``).
 
@@ -370,13 +348,12 @@ def cue_report(model: torch.nn.Module, task: object) -> CueReport:
     """
     import torch.nn.functional as F
 
-    tokens, tags = task.tokens, task.tags  # type: ignore[attr-defined]
-    position, cue_at = task.position, task.cue_position  # type: ignore[attr-defined]
-    n_cues = task.n_cues  # type: ignore[attr-defined]
+    tokens, tags = task.tokens, task.tags
+    position, cue_at, n_cues = task.position, task.cue_position, task.n_cues
     device = next(model.parameters()).device
     model.eval()
     N, T = tokens.shape
-    H = model.attn.config.n_heads  # type: ignore[union-attr]
+    H = model.n_heads
     bias = torch.zeros(N, H, T, T, device=device, requires_grad=True)  # (N, H, T, T)
     logits, w = model(tokens.to(device), need_weights=True, score_bias=bias)
     loss = F.cross_entropy(logits.flatten(0, 1), tags.to(device).flatten(), reduction="sum")
@@ -404,7 +381,7 @@ def cue_report(model: torch.nn.Module, task: object) -> CueReport:
     return CueReport(**out, decoy_weight=per_head.max().item())
 
 
-def default_sense(model: torch.nn.Module, task: object, filler: int | None = None) -> Tensor:
+def default_sense(model: nn.Module, task: TaggingData, filler: int | None = None) -> Tensor:
     """The sense a tagger gives the ambiguous word of a
     :func:`~selfattn.book.tagging.tagging_task` when its cue is gone: the cue of every sentence is
     replaced by a filler word (``filler``, default the first one, ``n_cues + 1``) and the share
@@ -412,8 +389,8 @@ def default_sense(model: torch.nn.Module, task: object, filler: int | None = Non
     tells one cue by elimination ("none of the others") gives that cue's sense here; any
     classifier falls back to some default when its evidence is removed, so read it against the
     cue the tagger ignores."""
-    tokens, position = task.tokens.clone(), task.position  # type: ignore[attr-defined]
-    cue_at, n_cues = task.cue_position, task.n_cues  # type: ignore[attr-defined]
+    tokens, position = task.tokens.clone(), task.position
+    cue_at, n_cues = task.cue_position, task.n_cues
     rows = torch.arange(len(tokens))
     tokens[rows, cue_at] = n_cues + 1 if filler is None else filler  # (N, T): no cue left
     device = next(model.parameters()).device
@@ -423,16 +400,36 @@ def default_sense(model: torch.nn.Module, task: object, filler: int | None = Non
     return torch.stack([(guess == c).float().mean() for c in range(n_cues)])
 
 
+def window_parameters(window: int, d: int, hidden: int, n_tags: int, vocab_size: int) -> int:
+    """Chapter 1, exercise 1: the parameters of a :class:`WindowTagger`, counted on the module."""
+    return count_parameters(WindowTagger(vocab_size, n_tags, d=d, window=window, hidden=hidden))
+
+
+def measured_reach(n_layers: int, kernel: int) -> int:
+    """Chapter 1, exercise 2: how many positions to each side a :class:`CNNTagger`'s convolutions
+    see, measured (:func:`influence`) at the middle of 61 tokens; the global random state is left
+    as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
+        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
+
+    def layers(h: Tensor) -> Tensor:  # the convolutions alone: a ReLU never widens the reach
+        h = h.transpose(1, 2)  # (B, d, T)
+        for conv in model.convs:
+            h = conv(h)
+        return h.transpose(1, 2)
+
+    return int(influence(layers, x, t=30).sum().item() - 1) // 2
+
+
 @_checker
 def check_window_parameters(fn: object) -> str:
     """Chapter 1, exercise 1: ``fn(window, d, hidden, n_tags, vocab_size)`` counts the parameters
     of a :class:`~selfattn.book.tagging.WindowTagger`."""
-    for window, d, hidden, n_tags, vocab in [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)]:
-        got = _call(fn, window, d, hidden, n_tags, vocab)
-        want = count_parameters(WindowTagger(vocab, n_tags, d=d, window=window, hidden=hidden))
-        if got != want:
-            raise NotYet(f"for window={window}, d={d}, hidden={hidden}, n_tags={n_tags}, "
-                         f"vocab_size={vocab}: you say {got!r}, the model has {want}")
+    same_as(fn, window_parameters, [(0, 8, 16, 5, 20), (3, 16, 64, 12, 32), (10, 4, 7, 3, 9)],
+            "for {args}: you say {got!r}, the model has {want}",
+            names=("window", "d", "hidden", "n_tags", "vocab_size"))
     return "embedding + first layer ((2w+1)*d*hidden + hidden) + output layer"
 
 
@@ -440,20 +437,7 @@ def check_window_parameters(fn: object) -> str:
 def check_cnn_reach(fn: object) -> str:
     """Chapter 1, exercise 2: ``fn(n_layers, kernel)`` is how many positions to each side a
     :class:`~selfattn.book.tagging.CNNTagger` sees, checked against the measured receptive field."""
-    torch.manual_seed(0)
-    for n_layers, kernel in [(1, 3), (2, 5), (3, 3), (4, 7)]:
-        got = _call(fn, n_layers, kernel)
-        model = CNNTagger(10, 3, d=4, kernel=kernel, n_layers=n_layers)
-        x = model.embed(torch.randint(0, 10, (1, 61)))  # (1, T, d)
-
-        def layers(h, model=model):  # the convolutions alone: a ReLU never widens the reach
-            h = h.transpose(1, 2)  # (B, d, T)
-            for conv in model.convs:
-                h = conv(h)
-            return h.transpose(1, 2)
-
-        want = int(influence(layers, x, t=30).sum().item() - 1) // 2
-        if got != want:
-            raise NotYet(f"{n_layers} layers of width {kernel}: you say {got!r}, the measured "
-                         f"reach is {want} on each side")
+    same_as(fn, measured_reach, [(1, 3), (2, 5), (3, 3), (4, 7)],
+            "{n_layers} layers of width {kernel}: you say {got!r}, the measured reach is {want} on "
+            "each side", names=("n_layers", "kernel"))
     return "each layer adds kernel // 2 positions on each side"

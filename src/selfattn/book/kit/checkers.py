@@ -8,9 +8,10 @@ so a chapter always runs top to bottom. A check is written as ``check(answer) ->
 message`` that raises :class:`NotYet` with what is still wrong; :func:`_checker` turns it into the
 function the chapter calls, which prints the verdict and returns True or False.
 
-A build-it checker runs the reader's piece of attention against the library's, with the weights
-copied or on identical inputs; when the answer is wrong it recomputes the typical mistakes and
-names the one the answer matches (:func:`_first_match`). Every check uses its own seeded
+A checker of a count or a size is a table of cases over :func:`same_as`. A build-it checker
+runs the reader's piece of attention against the library's, with the weights copied or on
+identical inputs; when the answer is wrong it recomputes the typical mistakes and names the one
+the answer matches (:func:`_first_match`). Every check uses its own seeded
 generator, and builds the library's layers with the global random state saved and restored
 (:func:`_seeded_layer`), so running a checker leaves a chapter's random numbers as they were.
 """
@@ -18,7 +19,8 @@ generator, and builds the library's layers with the global random state saved an
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,6 +68,23 @@ def _call(fn: object, *args: object, kind: str = "function") -> object:
         raise NotYet(f"your {kind}, given ({shown}), raised {type(exc).__name__}: {exc}") from None
 
 
+def same_as(fn: object, want: Callable[..., object], cases: Iterable[tuple], explain: str, *,
+            names: Sequence[str] = (), mistakes: Sequence[tuple[Callable[..., object], str]] = ()) -> None:
+    """The reader's ``fn(*case)`` must equal ``want(*case)`` for every case of the table; at the
+    first case where it does not, :class:`NotYet` says ``explain`` formatted with ``got``,
+    ``want``, the case (``case``, as a tuple; ``args``, as ``name=value, ...`` with ``names``;
+    each value by its name) and ``hint``: that of the first typical mistake ``(wrong, hint)``
+    whose ``wrong(*case)`` equals the answer ("" if none). The checker of an exercise that asks
+    for a count or a size is then its table of cases, this call and its success message."""
+    for case in cases:
+        got, right = _call(fn, *case), want(*case)
+        if got != right:
+            hint = next((text for wrong, text in mistakes if got == wrong(*case)), "")
+            named = dict(zip(names, case, strict=True)) if names else {}
+            args = ", ".join(f"{name}={value}" for name, value in named.items())
+            raise NotYet(explain.format(got=got, want=right, case=case, args=args, hint=hint, **named))
+
+
 def _short(x: object) -> str:
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)}"
@@ -95,7 +114,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: floa
         return False
 
 
-def _seeded_layer(seed: int, *args: object, **kwargs: object) -> MultiHeadAttention:
+def _seeded_layer(seed: int, *args: Any, **kwargs: Any) -> MultiHeadAttention:
     """A :class:`MultiHeadAttention` whose weights come from ``seed``, in eval mode; the global
     random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
@@ -111,7 +130,10 @@ def _equal(got: Tensor, want: Tensor) -> bool:
         return False
 
 
-def _first_match(got: Tensor, candidates: list[tuple[Callable[[], Tensor], str]],
+Mistakes = list[tuple[Callable[[], Tensor], str]]  # each typical mistake's result (on call), its hint
+
+
+def _first_match(got: Tensor, candidates: Mistakes,
                  atol: float = 1e-3) -> str | None:
     """The hint of the first typical mistake whose result ``got`` equals, if any. Only a wrong
     answer is compared, so the tolerance can be loose: the mistakes differ from the right answer,

@@ -1,21 +1,29 @@
-r"""What the book's schematic diagrams are drawn with: data-flow pictures in matplotlib.
+r"""What the book's figures are drawn with: the schematic diagrams' primitives, and the one
+palette of the book's models and arms.
 
 Each topic's diagram functions return a :class:`Diagram`: a ``matplotlib.figure.Figure`` (made
 without pyplot) and an ``alt`` text for screen readers. Jupyter, Colab and the built book show it
 as a PNG with its alt text; it fits the page (``viz.PAGE_WIDTH`` inches at 100 dpi, text at least
 7 pt). Every label is computed from the code, so a change in the code cannot leave a stale picture.
+The diagrams colour roles (:data:`Q`, :data:`K`, :data:`V`, :data:`OUT`).
+
+A chapter's plot colours a model or an arm of an experiment with :func:`color`: one colour per
+name in every chapter (the MQA curve of chapter 7 is the MQA of chapter 11), from
+:data:`PALETTE`, Okabe and Ito's colour-blind-safe hues.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
+from matplotlib.typing import ColorType
 
 from .viz import png_256
 
@@ -28,10 +36,58 @@ PT = 9  # body text; nothing is under 7 pt (9.7 px at 100 dpi), mathtext is 10 p
 INK = "#222222"
 
 
-_TAB = colormaps["tab10"].colors
+TAB = [to_rgb(colormaps["tab10"](i)) for i in range(10)]  # matplotlib's ten default colours
 
 
-Q, K, V, OUT, GREY = _TAB[0], _TAB[1], _TAB[2], _TAB[4], _TAB[7]
+Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]  # the diagrams' roles
+
+
+# Okabe and Ito's (2008) colour-blind-safe hues, without yellow and black (too faint on white,
+# lost on the dark theme); orange and sky blue darker than theirs, so that every colour keeps a
+# contrast of 3:1 on the figures' white and on the dark theme's page (tests/test_diagrams.py)
+BLUE, ORANGE, SKY, GREEN = "#0072B2", "#C98600", "#3A9AD3", "#009E73"
+VERMILLION, PURPLE, CONTROL = "#D55E00", "#CC79A7", "#7F7F7F"
+
+
+PALETTE: dict[str, str] = {
+    # chapter 1's taggers, and the layers it compares; attention is blue everywhere
+    "self-attention": BLUE, "window": ORANGE, "CNN": SKY, "GRU": GREEN, "causal average": PURPLE,
+    "mean-pool": CONTROL,
+    # data
+    "train": BLUE, "test": ORANGE,
+    # chapter 3's scorers
+    "scaled dot": BLUE, "dot": VERMILLION, "additive": GREEN,
+    # chapter 5's position schemes
+    "RoPE": BLUE, "sinusoidal": ORANGE, "learned": SKY, "ALiBi": PURPLE, "none": CONTROL,
+    # chapters 7 and 11: key/value heads
+    "MHA": BLUE, "GQA": GREEN, "MQA": VERMILLION,
+    # chapter 9's attention paths
+    "explicit": BLUE, "tiled": GREEN, "SDPA": ORANGE,
+    # chapter 11's decoding and its attention sinks
+    "cached": BLUE, "recompute": VERMILLION, "BOS": BLUE, "control": CONTROL,
+}
+
+
+FAMILIES: dict[str, tuple[str, ...]] = {  # the names a figure draws side by side
+    "taggers": ("self-attention", "window", "CNN", "GRU", "causal average", "mean-pool"),
+    "data": ("train", "test"),
+    "scorers": ("scaled dot", "dot", "additive"),
+    "positions": ("RoPE", "sinusoidal", "learned", "ALiBi", "none"),
+    "key/value heads": ("MHA", "GQA", "MQA"),
+    "attention paths": ("explicit", "tiled", "SDPA"),
+    "decoding": ("cached", "recompute"),
+    "sinks": ("BOS", "control"),
+}
+
+
+_BY_KEY = {name.casefold(): name for name in PALETTE}
+
+
+def color(name: str) -> str:
+    """The colour of a model or an arm, the same in every chapter: ``color("MQA")``. The names
+    are :data:`PALETTE`'s keys, case and underscores aside (``"rope"``, ``"scaled_dot"``: the
+    names the code gives them); a KeyError for any other."""
+    return PALETTE[_BY_KEY[name.casefold().replace("_", " ")]]
 
 
 MONO = "DejaVu Sans Mono"  # the code's names (q_proj, split_heads) in the code's font
@@ -64,7 +120,8 @@ class Diagram:
         return f"Diagram(alt={self.alt!r})"
 
 
-def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
+def canvas(width: float, height: float) -> tuple[Figure, Axes]:
+    """A white figure ``width`` by ``height`` inches, its one axes in inches, without axis lines."""
     fig = Figure(figsize=(width, height), dpi=DPI, facecolor="white")
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
@@ -73,39 +130,42 @@ def _canvas(width: float, height: float) -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def _tint(color, amount: float = 0.18) -> tuple[float, float, float]:
-    return tuple(1 - amount * (1 - c) for c in to_rgb(color))
+def tint(color: ColorType, amount: float = 0.18) -> tuple[float, float, float]:
+    """``color`` faded towards white: ``amount`` of it, the rest white."""
+    r, g, b = to_rgb(color)
+    return 1 - amount * (1 - r), 1 - amount * (1 - g), 1 - amount * (1 - b)
 
 
-def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color=GREY, *,
-         size: float = PT, family: str | None = None, fill=None, gid: str | None = None):
+def box(ax: Axes, x: float, y: float, w: float, h: float, text: str = "", color: ColorType = GREY, *,
+        size: float = PT, family: str | None = None, fill: ColorType | None = None,
+        gid: str | None = None) -> None:
     """A rounded box centred at ``(x, y)``, ``w`` by ``h`` inches, with ``text`` in the middle."""
     r = min(0.06, w / 4, h / 4)
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={r}",
-                                facecolor=_tint(color) if fill is None else fill, edgecolor=color,
+                                facecolor=tint(color) if fill is None else fill, edgecolor=color,
                                 linewidth=1.1, gid=gid))
     if text:
         ax.text(x, y, text, ha="center", va="center", fontsize=size, color=INK, family=family)
 
 
-def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color=INK,
-           lw: float = 1.0) -> None:
+def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], color: ColorType = INK,
+          lw: float = 1.0) -> None:
     ax.annotate("", xy=end, xytext=start, arrowprops={
         "arrowstyle": "-|>,head_length=0.45,head_width=0.2", "color": color, "lw": lw,
         "shrinkA": 0, "shrinkB": 0, "mutation_scale": 12})
 
 
-def _text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw) -> None:
+def text(ax: Axes, x: float, y: float, s: str, size: float = PT, **kw: Any) -> None:
     kw.setdefault("color", INK)
     kw.setdefault("va", "center")
     ax.text(x, y, s, fontsize=size, **kw)
 
 
-def _shape(*dims: int) -> str:
+def shape(*dims: int) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ")"
 
 
-def _runs(numbers: list[int]) -> str:
+def runs(numbers: list[int]) -> str:
     """``0–3, 11–18``: sorted whole numbers as runs of consecutive ones."""
     runs: list[list[int]] = []
     for n in numbers:
@@ -116,6 +176,6 @@ def _runs(numbers: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
-def _slot_range(start: int, stop: int) -> str:
+def slot_range(start: int, stop: int) -> str:
     """``slot 3`` or ``slots 4–11``: the slots ``start`` to ``stop - 1``."""
     return f"slot {start}" if stop - start == 1 else f"slots {start}–{stop - 1}"

@@ -123,7 +123,7 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int 
             synchronize()
             wall = time.perf_counter() - start
             busy1, own1 = _cpu_busy_seconds(), time.process_time()
-            others = 0.0 if busy0 is None else (busy1 - busy0) - (own1 - own0)
+            others = 0.0 if busy0 is None or busy1 is None else (busy1 - busy0) - (own1 - own0)
             (contended[name] if others > max_others * wall + tick else kept[name].samples
              ).append(wall / n)
     for name in names:
@@ -151,11 +151,6 @@ def mha_flops(batch: int, T: int, d_model: int, backward: bool = False) -> int:
 
 def fit_exponent(sizes: list[float], times: list[float]) -> float:
     r"""The slope $p$ of the least-squares line through $(\log n, \log t)$: $t \propto n^p$."""
-    if len(sizes) != len(times) or len(sizes) < 2:
-        raise ValueError(f"need at least two (size, time) pairs, got {len(sizes)} sizes and "
-                         f"{len(times)} times")
-    if min(sizes) <= 0 or min(times) <= 0:
-        raise ValueError("sizes and times must be positive to take logarithms")
     x = [math.log(n) for n in sizes]
     y = [math.log(t) for t in times]
     mx, my = statistics.fmean(x), statistics.fmean(y)
@@ -315,7 +310,9 @@ def process_peak_memory(fn: Callable[[], object]) -> int | None:
         return None
 
     def kilobytes(field: str) -> int:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.M).group(1))
+        found = re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.M)
+        assert found, f"{status} has no {field}"  # Linux writes both fields read here
+        return int(found.group(1))
 
     before = kilobytes("VmRSS")
     result = fn()
@@ -323,27 +320,24 @@ def process_peak_memory(fn: Callable[[], object]) -> int | None:
     return 1024 * (kilobytes("VmHWM") - before)
 
 
-def fresh_process_peak_memory(stmt: str, setup: str = "pass") -> int | None:
-    """:func:`process_peak_memory` of ``stmt`` in a new Python process, after ``setup`` (the
-    arguments of :func:`timeit.timeit`): nothing freed earlier is there to be reused, so every
-    page the call touches counts, a fused kernel's own buffers included. Bytes; None where the
-    operating system does not say. The statements run with ``torch`` imported and autograd off.
-    """
+def fresh_process_peak_memory(function: str, length: int, n_heads: int, head_dim: int, *,
+                              backward: bool = False, threads: int = 1) -> int | None:
+    """:func:`process_peak_memory` of one self-attention call, ``function(x, x, x)`` on ``x`` of
+    shape ``(1, n_heads, length, head_dim)``, in a new Python process (:mod:`.peak`, which says
+    what is counted): nothing freed earlier is there to be reused, so every page the call
+    touches counts, a fused kernel's own buffers included. ``function`` is the import path of a
+    self-attention function (``selfattn.tiled_attention``); ``backward``: one forward and backward
+    pass instead of a forward pass without autograd; ``threads``: torch's threads in that
+    process. Bytes; None where the operating system does not say."""
     import subprocess
     import sys
-    import textwrap
 
-    script = "\n".join([
-        "import torch",
-        "from selfattn.book.kit.measure import process_peak_memory",
-        textwrap.dedent(setup),
-        "torch.set_grad_enabled(False)",
-        f"print(process_peak_memory(lambda: {stmt}))",
-    ])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    command = [sys.executable, "-m", "selfattn.book.kit.peak", function, "--length", str(length),
+               "--heads", str(n_heads), "--head-dim", str(head_dim), "--threads", str(threads)]
+    done = subprocess.run(command + ["--backward"] * backward, capture_output=True, text=True,
                           check=False)
     if done.returncode:
-        raise RuntimeError(f"the statement failed in a fresh process:\n{done.stderr.strip()}")
+        raise RuntimeError(f"the call failed in a fresh process:\n{done.stderr.strip()}")
     peak = done.stdout.strip().splitlines()[-1]
     return None if peak == "None" else int(peak)
 
