@@ -7,6 +7,7 @@ import torch
 
 from selfattn.book import multi_head, positional_encoding, tagging
 from selfattn.book.kit import measure, train
+from selfattn.positional import alibi_slopes
 
 
 def test_labels_match_an_independent_rule():
@@ -409,3 +410,54 @@ def test_default_sense_removes_the_cue_and_reads_the_fallback():
     share = tagging.default_sense(Eliminator(), task)
     assert share.shape == (task.n_cues,) and share.tolist() == [0.0, 0.0, 1.0, 0.0]
     assert (task.tokens[torch.arange(64), task.cue_position] >= 1).all()  # task left as it was
+
+
+def test_recall_task_tags_each_question_with_its_answer():
+    task = tagging.recall_task(200, n_pairs=6, n_keys=10, n_values=5, n_named=3, seed=7)
+    assert task.tokens.shape == task.tags.shape == (200, 6 + 2 + 3)
+    Q = task.n_keys * task.n_values
+    for tokens, tags in zip(task.tokens.tolist(), task.tags.tolist(), strict=True):
+        pairs = {t // task.n_values: t % task.n_values for t in tokens[:6]}
+        assert len(pairs) == 6 and 0 in pairs  # distinct keys, key 0 always among them
+        assert tags[:6] == [t % task.n_values for t in tokens[:6]]  # a pair: its own value
+        assert tokens[6] == Q + task.n_keys and tags[6] == tokens[5] % task.n_values  # last?
+        assert tokens[7] == Q and tags[7] == pairs[0]  # A?: key 0
+        for t, tag in zip(tokens[8:], tags[8:], strict=True):  # the named keys: present, not 0
+            assert t - Q in pairs and t != Q and tag == pairs[t - Q]
+    assert task.words(0)[6:8] == ["last?", "A?"]
+    assert [task.columns(q) for q in task.QUESTIONS] == [slice(6, 7), slice(7, 8), slice(8, 11)]
+
+
+def test_recall_task_puts_key_0_anywhere_and_names_every_other_key():
+    task = tagging.recall_task(2000, seed=3)
+    key0 = (task.tokens[:, :8] // task.n_values == 0).float().argmax(dim=1)
+    assert set(key0.tolist()) == set(range(8))  # not always in the same place
+    asked = task.tokens[:, 10:] - task.n_keys * task.n_values
+    assert set(asked.flatten().tolist()) == set(range(1, 16))
+
+
+def test_decay_tagger_weights_read_the_distance_only():
+    model = tagging.DecayTagger(20, 4, d=16, n_heads=8, causal=True)
+    w = model.weights(6)  # (H, T, T)
+    slopes = alibi_slopes(8)
+    i = torch.arange(6)
+    expected = (-slopes[:, None, None] * (i[:, None] - i[None, :]).abs()).masked_fill(
+        i[None, :] > i[:, None], float("-inf")).softmax(-1)
+    torch.testing.assert_close(w, expected)
+    assert model(torch.randint(0, 20, (3, 6))).shape == (3, 6, 4)
+    assert (tagging.DecayTagger(20, 4, d=16, causal=False).weights(5) > 0).all()
+    same = measure.count_parameters(tagging.MeanPoolTagger(20, 4, d=16))
+    assert measure.count_parameters(model) == same  # only the weights differ from mean-pool
+
+
+def test_recall_accuracy_counts_each_kind_of_question():
+    task = tagging.recall_task(50, seed=1)
+
+    class Oracle(torch.nn.Module):  # right on the pairs and on last?, wrong on every question on a key
+        def forward(self, tokens):
+            guess = task.tags.clone()
+            guess[:, task.columns("key 0")] = (guess[:, task.columns("key 0")] + 1) % task.n_values
+            guess[:, task.columns("named")] = (guess[:, task.columns("named")] + 1) % task.n_values
+            return torch.nn.functional.one_hot(guess, task.n_tags).float()
+
+    assert tagging.recall_accuracy(Oracle(), task) == {"last": 1.0, "key 0": 0.0, "named": 0.0}

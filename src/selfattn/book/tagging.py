@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
-from ..positional import LearnedPositionalEmbedding, alibi_bias, sinusoidal_encoding
+from ..positional import LearnedPositionalEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
 from ..scoring import ScoredSelfAttention
 from .kit.checkers import _checker, same_as
 from .kit.measure import count_parameters
@@ -106,6 +107,79 @@ def tagging_task(
     return TaggingData(tokens, tags, vocab_size, 2 * n_cues + n_filler_tags, position, distance,
                        n_cues)
 
+
+
+@dataclass(frozen=True)
+class RecallData(Sequences):
+    """A batch of the recall task: ``n_pairs`` pair tokens, then three questions.
+
+    Columns: ``0..n_pairs-1`` the pairs (key ``k``, value ``v``: token ``k * n_values + v``,
+    tagged ``v``); then ``LAST`` ("which value came last?", tagged the last pair's value); then
+    the question on key 0, the key every sentence holds ("which value did key 0 get?"); then
+    ``n_named`` questions on the other keys present ("which value did key k get?"). A question
+    on key ``k`` is token ``n_keys * n_values + k``; ``LAST`` is the token after them.
+    """
+
+    n_pairs: int
+    n_keys: int
+    n_values: int
+
+    QUESTIONS: ClassVar[tuple[str, ...]] = ("last", "key 0", "named")
+
+    def columns(self, question: str) -> slice:
+        """The columns of one kind of question (one of :data:`QUESTIONS`)."""
+        P = self.n_pairs
+        return {"last": slice(P, P + 1), "key 0": slice(P + 1, P + 2),
+                "named": slice(P + 2, self.tokens.shape[1])}[question]
+
+    def words(self, i: int) -> list[str]:
+        """Sequence ``i`` as readable words: ``C=5`` (key C, value 5), ``C?``, ``last?``."""
+        names = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        Q = self.n_keys * self.n_values
+        return [f"{names[t // self.n_values]}={t % self.n_values}" if t < Q
+                else f"{names[t - Q]}?" if t < Q + self.n_keys else "last?"
+                for t in self.tokens[i].tolist()]
+
+
+def recall_task(n: int, n_pairs: int = 8, n_keys: int = 16, n_values: int = 8, n_named: int = 2,
+                seed: int = 0) -> RecallData:
+    """Associative recall as a tagging task (Zoology, Arora et al. 2023, §3; the induction heads
+    of Olsson et al. 2022): ``n_pairs`` pairs with distinct keys (key 0 among them, at a random
+    place), then three kinds of question, each tagged with its answer:
+
+    * ``last?``: the value of the last pair. Its answer is always one place back: it needs
+      positions only, which a window, a convolution or a recency decay has;
+    * ``A?`` (key 0): the value of the one key every sentence holds. Its answer is in the bag of
+      pairs under a fixed key: an average over the sentence holds it, in any order;
+    * ``K?`` for the other keys: the value of the key the question names. Where it is depends on
+      the question's own word, so no fixed weighting of the positions can find it.
+
+    Every pair is tagged with its own value, so the model must also read a pair token.
+    """
+    g = torch.Generator().manual_seed(seed)
+    others = torch.stack([1 + torch.randperm(n_keys - 1, generator=g)[:n_pairs - 1]
+                          for _ in range(n)])  # (n, P - 1) distinct keys other than 0
+    keys = torch.cat([torch.zeros(n, 1, dtype=torch.long), others], dim=1)  # (n, P)
+    order = torch.stack([torch.randperm(n_pairs, generator=g) for _ in range(n)])  # (n, P)
+    keys = keys.gather(1, order)  # key 0 at a random place
+    values = torch.randint(0, n_values, (n, n_pairs), generator=g)  # (n, P)
+    question = n_keys * n_values  # the question on key k is question + k
+    last = question + n_keys
+    slots = torch.stack([torch.randperm(n_pairs, generator=g) for _ in range(n)])  # (n, P)
+    named = slots[keys.gather(1, slots) != 0].view(n, n_pairs - 1)[:, :n_named]  # not key 0
+    key0 = (keys == 0).long().argmax(dim=1, keepdim=True)  # (n, 1) where key 0 is
+    tokens = torch.cat([keys * n_values + values, torch.full((n, 1), last),
+                        torch.full((n, 1), question), question + keys.gather(1, named)], dim=1)
+    tags = torch.cat([values, values[:, -1:], values.gather(1, key0), values.gather(1, named)],
+                     dim=1)  # (n, P + 2 + n_named)
+    return RecallData(tokens, tags, last + 1, n_values, n_pairs, n_keys, n_values)
+
+
+@torch.no_grad()
+def recall_accuracy(model: nn.Module, data: RecallData) -> dict[str, float]:
+    """The share of each kind of question (``RecallData.QUESTIONS``) the model answers right."""
+    right = model(data.tokens).argmax(dim=-1) == data.tags  # (N, T)
+    return {q: right[:, data.columns(q)].float().mean().item() for q in data.QUESTIONS}
 
 class WindowTagger(nn.Module):
     """A fully-connected layer over each token and its ``window`` neighbours on either side.
@@ -203,6 +277,41 @@ class CausalMeanTagger(MeanPoolTagger):
         pooled = self.out_proj(v.cumsum(dim=1) / count[:, None])  # (B, T, d): left average
         return self.mlp(x + pooled)  # (B, T, n_tags)
 
+
+
+class DecayTagger(MeanPoolTagger):
+    r"""The content-blind control for attention: every head averages the values with weights
+    that depend on the distance only, a fixed recency decay with ALiBi's slopes (Press et al.
+    2022, §3) and no $q \cdot k$ at all:
+
+    $$w_{ij} = \operatorname{softmax}_j(-m_h\,|i - j|), \qquad m_h = 2^{-8h/H}$$
+
+    (over ``j <= i`` when ``causal``). The same embedding, value and output projections, residual
+    and MLP as :class:`MeanPoolTagger`: what attention adds over it is only that its weights
+    read the content.
+    """
+
+    def __init__(self, vocab_size: int, n_tags: int, d: int = 32, n_heads: int = 8,
+                 causal: bool = True) -> None:
+        super().__init__(vocab_size, n_tags, d)
+        self.n_heads, self.causal = n_heads, causal
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def weights(self, T: int) -> Tensor:
+        """The fixed weights ``(H, T, T)``."""
+        i = torch.arange(T, device=self.slopes.device)
+        distance = (i[:, None] - i[None, :]).abs()  # (T, T)
+        scores = -self.slopes[:, None, None] * distance  # (H, T, T)
+        if self.causal:
+            scores = scores.masked_fill(i[None, :] > i[:, None], float("-inf"))
+        return scores.softmax(dim=-1)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens)  # (B, T, d)
+        B, T, d = x.shape
+        v = self.v_proj(x).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, hd)
+        pooled = (self.weights(T) @ v).transpose(1, 2).reshape(B, T, d)  # (B, T, d)
+        return self.mlp(x + self.out_proj(pooled))  # (B, T, n_tags)
 
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
