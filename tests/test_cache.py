@@ -105,7 +105,10 @@ def test_append_returns_size_after_keys_and_a_mask_of_that_width(kind):
         if mask is not None:
             assert mask.shape == (T, S) and mask.dtype == torch.bool
             assert mask[:, -T:].tril().equal(mask[:, -T:])  # causal among the new tokens
-        assert torch.equal(keys[:, :, -T:], k)  # the new tokens come last
+        if T > 1 or kind in ("kv", "paged"):
+            assert torch.equal(keys[:, :, -T:], k)  # the new tokens come last
+        else:  # one token into a rolling buffer: its slot, in the buffer's own order
+            assert sum(torch.equal(keys[:, :, j : j + 1], k) for j in range(S)) == 1
 
 
 @pytest.mark.parametrize("kind", list(MASKS))
@@ -281,9 +284,16 @@ BAD += [
     ("pool frees a block it lacks", lambda: _pool().free([7]), ValueError, _msg(r"\[0, 4\)", "7")),
     ("layer: kv_cache not a Cache", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), kv_cache=object()), TypeError, _msg("kv_cache", "Cache", "object")),
-    ("layer: causal cache with fewer queries than keys", lambda: selfattn.MultiHeadAttention(16, 4)(
+    ("layer: a cache with keys of their own (cross-attention)", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), torch.zeros(1, 3, 16), is_causal=True, kv_cache=KVCache()),
-     ValueError, _msg("query", "key", "same length", r"\(1, 2, 16\)", r"\(1, 3, 16\)")),
+     ValueError, _msg("self-attention", "query alone", r"\(1, 3, 16\)", r"\(1, 2, 16\)",
+                      "cross-attention")),
+    ("layer: a cache with the query's copy as key", lambda: selfattn.MultiHeadAttention(16, 4)(
+        torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), kv_cache=KVCache()),
+     ValueError, "self-attention"),
+    ("layer: a cache with a value of its own", lambda: (lambda x: selfattn.MultiHeadAttention(16, 4)(
+        x, x, torch.zeros(1, 2, 16), kv_cache=KVCache()))(torch.zeros(1, 2, 16)),
+     ValueError, "self-attention"),
     ("layer: mask over more keys than the window returns", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), attn_mask=torch.ones(2, 6, dtype=torch.bool),
         kv_cache=SlidingWindowCache(3)), ValueError, _msg("attn_mask", r"\(2, 6\)", r"\(1, 4, 2, 2\)")),

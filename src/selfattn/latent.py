@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attend
-from .cache import Cache
+from .cache import Cache, causal_after_append
 from .checks import check_positive_int, check_tensor
 from .heads import _merge_heads, _split_heads
 from .positional import _apply_rope
@@ -125,18 +125,25 @@ class MultiHeadLatentAttention(nn.Module):
         ``kv_rank + rope_dim``; multi-head attention caches ``2 * n_heads * head_dim``."""
         return self.kv_rank + self.rope_dim
 
-    def forward(self, x: Tensor, *, is_causal: bool = False, cache: Cache | None = None,
+    def forward(self, x: Tensor, *, is_causal: bool = False, kv_cache: Cache | None = None,
                 absorb: bool = False) -> Tensor:
         """Self-attention over ``x`` (B, L, d_model); returns ``(B, L, d_model)``.
 
-        ``is_causal``: token ``i`` sees tokens up to its own position. ``cache``: a
-        :class:`~selfattn.cache.KVCache` for this layer and batch (or another
-        :class:`~selfattn.cache.Cache`: a sliding window, attention sinks). It holds the latents
+        ``is_causal``: token ``i`` sees tokens up to its own position. ``kv_cache``: any
+        :class:`~selfattn.cache.Cache` for this layer and batch (every token, paged, a sliding
+        window, attention sinks), as ``MultiHeadAttention.forward``'s. It holds the latents
         ``(B, 1, T, kv_rank)`` as its keys and the rotated shared rope keys
-        ``(B, 1, T, rope_dim)`` as its values (zero wide without RoPE). The ``L`` new tokens sit
-        at positions ``cache.length .. cache.length + L - 1``, are appended, and attend to the
-        tokens the cache returns: under ``is_causal`` those its ``mask`` allows (the
-        bottom-right causal mask for a ``KVCache``), else all of them.
+        ``(B, 1, T, rope_dim)`` as its values (zero wide without RoPE: a
+        :class:`~selfattn.cache.BlockPool` then has ``value_dim=0``). The ``L`` new tokens sit at
+        positions ``kv_cache.length .. kv_cache.length + L - 1``, are appended, and attend to the
+        tokens the cache returns: under ``is_causal`` those its rule allows
+        (:func:`~selfattn.cache.causal_after_append`), else all of them.
+
+        What it costs: the readable attention (:func:`~selfattn.attention.attend`), whose
+        ``(B, H, L, S)`` scores are computed whole; a causal call without a cache builds the
+        ``(L, S)`` causal mask. The explicit form also up-projects every cached latent to every
+        head's keys and values at each call, ``(B, H, S, head_dim)`` each; the absorbed one does
+        not (it attends to the latents themselves), which is why decoding uses it.
 
         ``absorb``: compute with $W^{UK}$ absorbed into the query and $W^{UV}$ into the output
         projection (the decode form, :meth:`absorbed_weights`) instead of up-projecting every
@@ -144,9 +151,9 @@ class MultiHeadLatentAttention(nn.Module):
         rounding and share one cache (a prompt can be read in the explicit form and the answer
         decoded in the absorbed one).
         """
-        self._check_inputs(x, cache, is_causal, absorb)
+        self._check_inputs(x, kv_cache, is_causal, absorb)
         L = x.shape[1]
-        P = 0 if cache is None else cache.length  # tokens already in the cache
+        P = 0 if kv_cache is None else kv_cache.length  # tokens already in the cache
         positions = torch.arange(P, P + L, device=x.device)  # the new tokens' positions
 
         # compress: one latent per token, shared by every head
@@ -154,15 +161,13 @@ class MultiHeadLatentAttention(nn.Module):
         # rotate: the decoupled position parts, a query part per head and one shared key
         q_rope, k_rope = self._rope_parts(x, positions)  # (B, H, L, dr), (B, 1, L, dr)
         # cache: what a token leaves behind is its latent and its rotated rope key
-        if cache is not None:
-            latent, k_rope = cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
-        # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
-        # 0..S-1; after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
-        # keys), so the cache says which returned keys each new query sees (None: all of them)
+        if kv_cache is not None:
+            latent, k_rope = kv_cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
+        # mask: after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
+        # keys), so the cache's rule says which returned keys each new query sees
         attn_mask = None
-        if is_causal and cache is not None and not cache.is_plain_causal(L):
-            is_causal = False
-            attn_mask = cache.mask(L, device=x.device)  # (L, S) or None
+        if is_causal and kv_cache is not None:
+            is_causal, attn_mask = causal_after_append(kv_cache, L, device=x.device)  # (L, S) or None
         # attend, merge heads, project out
         if absorb:
             return self._absorbed(x, q_rope, latent, k_rope, attn_mask, is_causal)
@@ -234,7 +239,7 @@ class MultiHeadLatentAttention(nn.Module):
             output_bias = self.out_proj.bias + self.out_proj.weight @ self.v_up.bias  # (d,)
         return AbsorbedWeights(query, query_bias, output, output_bias)
 
-    def _check_inputs(self, x: Tensor, cache: Cache | None, is_causal: bool,
+    def _check_inputs(self, x: Tensor, kv_cache: Cache | None, is_causal: bool,
                       absorb: bool) -> None:
         check_tensor(x, "x")
         if x.dim() != 3:
@@ -247,6 +252,6 @@ class MultiHeadLatentAttention(nn.Module):
         for name, flag in [("is_causal", is_causal), ("absorb", absorb)]:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if cache is not None and not isinstance(cache, Cache):
-            raise TypeError("cache must be a selfattn.cache.Cache (a KVCache, or SlidingWindowCache, "
-                            f"SinkCache), got {type(cache).__name__}")
+        if kv_cache is not None and not isinstance(kv_cache, Cache):
+            raise TypeError("kv_cache must be a selfattn.cache.Cache (KVCache, PagedKVCache, "
+                            f"SlidingWindowCache, SinkCache), got {type(kv_cache).__name__}")
