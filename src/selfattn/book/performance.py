@@ -308,14 +308,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "an unknown CPU"
 
 
-def _kernels_that_ran(fn) -> list[str]:
-    """The compute kernels one call of ``fn`` launched: CUDA kernel names on a GPU (from
-    ``torch.profiler``), the attention operations PyTorch dispatched to on a CPU."""
+def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
+    """The compute kernels one call of ``fn`` on ``device`` launched: CUDA kernel names for a
+    CUDA device (from ``torch.profiler``), the attention operations PyTorch dispatched to for any
+    other. The device of the call decides, not whether this machine has a GPU: a CPU call on a
+    GPU machine is profiled on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
     from .kit.measure import profiled_ops
 
-    if not torch.cuda.is_available():
+    if torch.device(device).type != "cuda":
         return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -372,7 +374,7 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
                         seconds = median_time(fn, repeats=repeats, warmup=warmup)
                         row |= {"ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                                 "peak_mib": _peak_bytes(fn, device) / 2**20,
-                                "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                                "kernel": ", ".join(_kernels_that_ran(fn, device))[:90]}
                 except Exception as exc:  # no such backend here, out of memory, a kernel
                     # that does not fit this GPU (Triton's OutOfResources): a row that says so
                     if device.type == "cuda":
@@ -424,7 +426,7 @@ def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
             lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True),
     }
     with torch.no_grad():
-        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn, device))[:90]}
                 for name, fn in calls.items()]
 
 
