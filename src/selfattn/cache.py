@@ -346,12 +346,13 @@ class PagedKVCache(_KeepsEveryToken):
         return self._gathered(self.pool.k), self._gathered(self.pool.v)
 
     def _gathered(self, store: Tensor) -> Tensor:
-        """This sequence's tokens of ``store`` (the pool's ``k`` or ``v``), in order."""
+        """This sequence's tokens of ``store`` (the pool's ``k`` or ``v``), in order: one gather,
+        a copy of exactly the tokens it holds."""
         table = torch.tensor(self.block_table, dtype=torch.long, device=store.device)
-        blocks = store[table]  # (n, H_kv, block_size, hd): this sequence's blocks, a copy
-        n, H_kv, size, width = blocks.shape
-        tokens = blocks.transpose(0, 1).reshape(H_kv, n * size, width)  # (H_kv, n * block_size, hd)
-        return tokens[None, :, : self.length]  # (1, H_kv, S, hd)
+        positions = torch.arange(self.length, device=store.device)  # (S,)
+        size = self.pool.block_size
+        tokens = store[table[positions // size], :, positions % size]  # (S, H_kv, hd): block, slot
+        return tokens.transpose(0, 1)[None]  # (1, H_kv, S, hd), a view
 
     def _checked(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         k, v = _check_kv(k, v)
@@ -406,6 +407,10 @@ class _RollingCache(Cache):
         first_recent = max(self.n_sink, P - self.window + 1)  # the oldest outside the sinks
         return range(min(self.n_sink, P)), range(min(first_recent, P), P)
 
+    def _slot(self, p: int) -> int:
+        """Where position ``p`` lives in the buffer (:meth:`_slots` for one, without a tensor)."""
+        return p if p < self.n_sink else self.n_sink + (p - self.n_sink) % self.window
+
     def _slots(self, positions: Tensor) -> Tensor:
         """Where each position lives in the buffer."""
         ring = self.n_sink + (positions - self.n_sink) % self.window
@@ -438,7 +443,7 @@ class _RollingCache(Cache):
         recorded = torch.is_grad_enabled() and any(
             t.requires_grad for t in (k, v, self._k, self._v))
         if T == 1 and not recorded:
-            slot = P if P < self.n_sink else self.n_sink + (P - self.n_sink) % self.window
+            slot = self._slot(P)
             self._k[:, :, slot : slot + 1] = k  # (B, H_kv, 1, hd)
             self._v[:, :, slot : slot + 1] = v  # (B, H_kv, 1, hd_v)
             self.length = P + 1

@@ -236,17 +236,26 @@ def _share_kv_heads(c: Call) -> Call:
 
 
 def _stack_groups(c: Call) -> Call:
-    """One new query: the query heads of each group stacked along the sequence,
-    ``(B, H_kv, g, hd)``, with a per-head mask regrouped to match (a padding mask, the same for
-    every head, broadcasts as it is); each group attends to its key/value head in one product."""
-    B, H, _, hd = c.q.shape
+    """The query heads of each group stacked along the sequence, ``(B, H_kv, g*L, hd)``, with the
+    mask regrouped to match: the group attends to its key/value head in one product. The table
+    stacks only one new query (:func:`_stacks`), where the mask, if any, is a padding mask or
+    one per head, regrouped without growing."""
+    B, H, L, hd = c.q.shape
     g = c.group_size
-    q = c.q.reshape(B, H // g, g, hd)  # (B, H_kv, g, hd)
-    mask = c.attn_mask
-    if mask is not None:
-        m = mask[(None,) * (4 - mask.dim())]  # (b, h, 1, s), h in {1, H}
-        mask = m if m.shape[1] == 1 else m.reshape(m.shape[0], H // g, g, m.shape[3])  # (b, H_kv, g, s)
+    q = c.q.reshape(B, H // g, g * L, hd)  # (B, H_kv, g*L, hd)
+    mask = None if c.attn_mask is None else _group_mask(c.attn_mask, H, g, L)
     return replace(c, q=q, attn_mask=mask)
+
+
+def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
+    """A mask broadcastable to (B, H, L, S), reshaped to (B, H / g, g*L, S) like the queries."""
+    m = mask[(None,) * (4 - mask.dim())]  # (b, h, l, s), h in {1, H}, l in {1, L}
+    b, h, l, s = m.shape
+    if h == 1 and l == 1:
+        return m  # broadcasts as it is
+    if h == 1:
+        return m[:, :, None].expand(b, 1, g, L, s).reshape(b, 1, g * L, s)  # (b, 1, g*L, s)
+    return m.expand(b, H, L, s).reshape(b, H // g, g * L, s)  # (b, H_kv, g*L, s)
 
 
 def _inplace_softmax(c: Call) -> tuple[Tensor, Tensor]:

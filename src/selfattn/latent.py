@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend
+from .attention import _masked_softmax, attend
 from .cache import Cache, causal_after_append
 from .checks import check_positive_int, check_tensor
 from .heads import _merge_heads, _split_heads
@@ -139,11 +139,12 @@ class MultiHeadLatentAttention(nn.Module):
         tokens the cache returns: under ``is_causal`` those its rule allows
         (:func:`~selfattn.cache.causal_after_append`), else all of them.
 
-        What it costs: the readable attention (:func:`~selfattn.attention.attend`), whose
-        ``(B, H, L, S)`` scores are computed whole; a causal call without a cache builds the
-        ``(L, S)`` causal mask. The explicit form also up-projects every cached latent to every
-        head's keys and values at each call, ``(B, H, S, head_dim)`` each; the absorbed one does
-        not (it attends to the latents themselves), which is why decoding uses it.
+        What it costs (tests/test_costs.py): the readable attention, whose ``(B, H, L, S)``
+        scores are computed whole; a causal call without a cache builds the ``(L, S)`` causal
+        mask. The explicit form also up-projects every cached latent to every head's keys and
+        values at each call, ``(B, H, S, head_dim)`` each; the absorbed one reads the cache as
+        it is (no copy per head, none per step), which is why decoding uses it, but recomputes
+        its two matrices at each call (:meth:`absorbed_weights`; a server computes them once).
 
         ``absorb``: compute with $W^{UK}$ absorbed into the query and $W^{UV}$ into the output
         projection (the decode form, :meth:`absorbed_weights`) instead of up-projecting every
@@ -204,16 +205,27 @@ class MultiHeadLatentAttention(nn.Module):
 
     def _absorbed(self, x: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor,
                   attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """Attend in the latent space: every head's query meets the cached latents themselves."""
+        r"""Attend in the latent space: every head's query meets the cached latents themselves.
+
+        A score is a content part and a position part, $\tilde q_{t,i}^\top c_j +
+        q^{R\top}_{t,i} k^R_j$: two products over the cache as it is (one concatenated key
+        $[c_j; k^R_j]$ would copy the whole cache at every step). Every head meets the one
+        latent head, as in MQA: the heads' queries are stacked into one product with it
+        (broadcasting the latents over the heads would copy them once per head)."""
         w = self.absorbed_weights()
-        q = _split_heads(F.linear(x, w.query, w.query_bias), self.n_heads)  # (B, H, L, r)
-        q = torch.cat([q, q_rope], dim=-1)  # (B, H, L, r + dr)
-        k = torch.cat([latent, k_rope], dim=-1)  # (B, 1, S, r + dr): one key head for all
-        # every head attends to the one latent head (broadcast over H, as in MQA); the values
-        # are the latents themselves, and the scale stays that of a head's full query
-        out, _ = attend(q, k, latent, attn_mask=attn_mask, is_causal=is_causal,
-                        scale=self.scale)  # (B, H, L, r)
-        return F.linear(_merge_heads(out), w.output, w.output_bias)  # (B, L, d_model)
+        B, L, _ = x.shape
+        H, r, S = self.n_heads, self.kv_rank, latent.shape[2]
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision multiplied in fp32
+        q = _split_heads(F.linear(x, w.query, w.query_bias), H)  # (B, H, L, r)
+        q = q.reshape(B, 1, H * L, r).to(dtype) * self.scale  # (B, 1, H*L, r): heads stacked
+        scores = q @ latent.to(dtype).transpose(-2, -1)  # (B, 1, H*L, S): the content part
+        if self.rope_dim:
+            q_r = q_rope.reshape(B, 1, H * L, self.rope_dim).to(dtype) * self.scale  # (B, 1, H*L, dr)
+            scores = scores + q_r @ k_rope.to(dtype).transpose(-2, -1)  # ... plus the position part
+        weights = _masked_softmax(scores.view(B, H, L, S), attn_mask, is_causal)  # (B, H, L, S)
+        out = weights.to(latent.dtype).view(B, 1, H * L, S) @ latent  # (B, 1, H*L, r): sums of latents
+        # the scale stays that of a head's full query; the output projection has W^UV folded in
+        return F.linear(_merge_heads(out.view(B, H, L, r)), w.output, w.output_bias)  # (B, L, d_model)
 
     def absorbed_weights(self) -> AbsorbedWeights:
         r"""$W^{UK}$ absorbed into $W^Q$ and $W^{UV}$ into $W^O$ (§2.1.2), computed from the
