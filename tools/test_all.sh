@@ -35,6 +35,7 @@ unit_and_chapters() {
         > "$LOG" 2>&1) &
     executed=$!
     OMP_NUM_THREADS=1 "$PY" -m pytest -m "not built_book" tests || unit=$?
+    OMP_NUM_THREADS=1 "$PY" tools/gpu_report.py --rehearse || unit=$?  # make gpu-rehearsal
     wait "$executed" || ran=$?
     cat "$LOG"
     if [ "$ran" -ne 0 ]; then

@@ -27,6 +27,33 @@ import subprocess
 import sys
 import tempfile
 
+# (compute capability major, dtype, head size): a T4 at head sizes 64 and 128 in float16 and
+# float32, and bfloat16 at 64 (which it runs without tensor cores); an A100-class GPU (8.0, whose
+# smallest sibling, 8.6/8.9, allows 99 KiB of shared memory a block)
+TARGETS = [(7, "float16", 64), (7, "float32", 64), (7, "float16", 128), (7, "float32", 128),
+           (7, "bfloat16", 64), (8, "float16", 64), (8, "float16", 128), (8, "float32", 64)]
+
+
+def problems(results: list[dict]) -> list[str]:
+    """What is wrong with compiled :data:`TARGETS`: a target missing, shared memory beyond the
+    GPU's, a register spilled, tensor-core instructions where Triton has none (below 8.0, where
+    chapter 9 tells T4 readers so) or none where it does (half precision from 8.0), TF32."""
+    found = [(int(r["arch"][3]), r["dtype"], r["head"]) for r in results]
+    out = [] if found == [tuple(t) for t in TARGETS] else [f"compiled {found}, not {TARGETS}"]
+    for r in results:
+        what = f"{r['arch']} {r['dtype']} head {r['head']} {r['config']} (triton {r['triton']})"
+        limit = 64 * 1024 if r["arch"] == "sm_75" else 99 * 1024
+        half = r["dtype"] in ("float16", "bfloat16")
+        if r["shared"] > limit:
+            out.append(f"{what}: {r['shared']} bytes of shared memory, more than {limit}")
+        if r["spills"]:
+            out.append(f"{what}: {r['spills']} bytes of registers spilled")
+        if (r["mma"] > 0) != (r["arch"] != "sm_75" and half):
+            out.append(f"{what}: {r['mma']} tensor-core instructions")
+        if r["tf32"]:
+            out.append(f"{what}: float32 multiplied in TF32")
+    return out
+
 
 def compile_target(major: int, dtype: str, head: int, config: list[int] | None = None) -> dict:
     import torch
@@ -73,7 +100,7 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # compile every time, never a cached one
     explicit = argv[:1] == ["--configs"]
-    targets = json.loads(argv[-1])
+    targets = json.loads(argv[-1]) if argv else TARGETS
     out = [compile_target(t[0], t[1], t[2], t[3:] if explicit else None) for t in targets]
     print(json.dumps(out))
     return 0

@@ -308,6 +308,48 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "an unknown CPU"
 
 
+GPU_REPORT = pathlib.Path(__file__).with_name("gpu_report.json")
+"""Where ``make gpu`` (tools/gpu_report.py) writes its report, to be committed; the package
+ships it, so a chapter finds it on Colab too."""
+_REPORT_KEYS = {"format": int, "rehearsal": bool, "date": str, "versions": dict, "device": dict,
+                "steps": list, "kernels": list, "gpu_kernels": list, "cells": list}
+
+
+def parse_gpu_report(text: str) -> dict:
+    """A ``make gpu`` report read from its JSON text, checked against its format (format 1:
+    the keys of :data:`_REPORT_KEYS`, the device's name, each step's name and result, each
+    cell's chapter and output); a ``ValueError`` saying what is missing otherwise."""
+    import json
+
+    report = json.loads(text)
+    for key, kind in _REPORT_KEYS.items():
+        if not isinstance(report.get(key), kind):
+            raise ValueError(f"a make gpu report needs {key!r} ({kind.__name__}), got "
+                             f"{type(report.get(key)).__name__}")
+    if report["format"] != 1:
+        raise ValueError(f"a make gpu report of format {report['format']}; this code reads 1")
+    if "name" not in report["device"] or not all({"name", "result"} <= set(s)
+                                                 for s in report["steps"]):
+        raise ValueError("a make gpu report names its device and each step's result")
+    if not all({"chapter", "output"} <= set(c) for c in report["cells"]):
+        raise ValueError("a make gpu report gives each GPU cell's chapter and output")
+    return report
+
+
+def gpu_report() -> dict | None:
+    """The committed report of ``make gpu`` run on a CUDA GPU with every step passed
+    (:data:`GPU_REPORT`), or ``None``: then no GPU has run the book's GPU cells, and a chapter's
+    sentence about what a GPU does is a prediction, which the chapter can say by computing
+    ``performance.gpu_report() is None``. A rehearsal's report (``make gpu-rehearsal``, on a
+    CPU) never counts."""
+    if not GPU_REPORT.exists():
+        return None
+    report = parse_gpu_report(GPU_REPORT.read_text(encoding="utf-8"))
+    if report["rehearsal"] or not all(s["result"] == "passed" for s in report["steps"]):
+        return None
+    return report
+
+
 def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
     """The compute kernels one call of ``fn`` on ``device`` launched: CUDA kernel names for a
     CUDA device (from ``torch.profiler``), the attention operations PyTorch dispatched to for any
