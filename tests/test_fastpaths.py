@@ -231,12 +231,14 @@ def expected_runs(row, enabled, device):
         causal = False
         if L > 1 or P < S - 1:  # (one query after the cache sees every key: no mask at all)
             mask = "bool" if mask == "none" else mask
-    stacks = L == 1 and not causal  # one query: a group's stacked heads need no mask
+    stacks = row["need_weights"] or (L == 1 and not causal)  # stacked: weights, or decoding
     # PyTorch's fused kernel takes grouped heads on a CPU; on CUDA its own checks said
     fused = device == "cpu" or (FUSED_SAID[-1] if FUSED_SAID else False)
     grouped = ("grouped_heads" in enabled and row["n_kv_heads"] < H
                and (stacks or (not row["need_weights"] and fused)))
     one_head_each = row["n_kv_heads"] == H or not grouped or stacks  # then: no enable_gqa
+    if grouped and stacks and causal:  # stacked query heads are no longer top-left causal
+        mask, causal = "bool", False
     cpu = device == "cpu"
     recorded = row["grad"] == "on" or (row["grad"] == "frozen" and row["mask"] == "float_grad")
     return {

@@ -10,10 +10,10 @@ the same result another way, and runs only where its condition, which sees the w
 ====================  ==========================================================================
 path                  runs when ``ENABLED[path]`` and
 ====================  ==========================================================================
-``grouped_heads``     there are more query heads than key/value heads (GQA, MQA), and either
-                      one query and no causal mask (decoding), or no weights and PyTorch's
-                      fused kernel takes the grouped heads as they are (a CPU; on CUDA, as
-                      PyTorch's own checks say)
+``grouped_heads``     there are more query heads than key/value heads (GQA, MQA), and the
+                      weights are asked for, or one query and no causal mask (decoding), or
+                      PyTorch's fused kernel takes the grouped heads as they are (a CPU; on
+                      CUDA, as PyTorch's own checks say)
 ``inplace_softmax``   the weights are asked for; on a CPU
 ``split_kv``          no weights; no mask, not causal, no dropout; nothing to differentiate (the
                       kernel gives no gradient for the log-sum-exp that merges the parts); on
@@ -29,15 +29,17 @@ key/value head (the readable way copies the keys, :func:`~selfattn.heads.repeat_
 first kernel of :data:`KERNELS` whose condition holds runs, else the default one:
 
 * ``grouped_heads``: GQA and MQA without copying the keys (during decoding the copy would move
-  as many bytes as MHA's whole cache), in one of two ways. One new query (decoding), no causal
-  mask: the group's query heads are stacked along the sequence axis and attend to their
-  key/value head in one product, which needs no mask (a padding mask is the same for every head
-  of a group). Otherwise, without weights: PyTorch's kernel gets the key/value heads as they
-  are, ``enable_gqa=True``, with ``is_causal`` passed on, so a causal prefill or training step
-  reaches the kernel with no mask tensor and never holds an ``(L, S)`` one. (Stacking a causal
-  call would turn ``is_causal`` into a ``(g*L, S)`` mask; with weights and several queries the
-  readable copy runs: its ``(H, L, S)`` weights dwarf the copied keys; and where the fused
-  kernel would fall back to its math backend on grouped heads, the copy is cheaper too.)
+  as many bytes as MHA's whole cache), in one of two ways. One new query (decoding) with no
+  causal mask, or the weights asked for: the group's query heads are stacked along the sequence
+  axis and attend to their key/value head in one product (decoding needs no mask: a padding
+  mask is the same for every head of a group; with the weights, a mask is regrouped like the
+  queries, ``(g*L, S)``, a fraction of the ``(H, L, S)`` weights). Otherwise, without weights:
+  PyTorch's kernel gets the key/value heads as they are, ``enable_gqa=True``, with
+  ``is_causal`` passed on, so a causal prefill or training step reaches the kernel with no mask
+  tensor and never holds an ``(L, S)`` one (stacking it would turn ``is_causal`` into a
+  ``(g*L, S)`` mask). Where the fused kernel would fall back to its math backend on grouped
+  heads (CUDA, by PyTorch's version, GPU and dtype), the path does not run and the readable copy
+  does: cheaper than the ``(L, S)`` scores that backend holds.
 * ``inplace_softmax``: the masks overwrite the scores' own buffer instead of allocating new
   ``(L, S)`` ones, and so does the softmax where there is nothing to differentiate (grad mode
   off, or no input and no mask requiring grad; autograd keeps the softmax's output for the
@@ -71,6 +73,7 @@ from torch import Tensor
 from .attention import _mask_terms, _weighted_sum
 from .attention import attend as readable_attend
 from .heads import _repeat_kv
+from .masks import causal_mask
 
 ENABLED = {"grouped_heads": True, "inplace_softmax": True, "split_kv": True}
 SPLIT_KV_MIN_KEYS = 4096  # split a cache across threads from this many keys
@@ -196,12 +199,13 @@ def _copy_kv_heads(c: Call) -> Call:
 
 
 def _grouped_eligible(c: Call) -> bool:
-    return c.group_size > 1 and (_stacks(c) or (not c.need_weights and _fused_takes_groups(c)))
+    return c.group_size > 1 and (_stacks(c) or _fused_takes_groups(c))  # weights: stacked
 
 
 def _stacks(c: Call) -> bool:
-    """One new query and no causal mask: the group's query heads, stacked, need no mask built."""
-    return c.q.shape[2] == 1 and not c.is_causal
+    """Stack the group's query heads: the weights are asked for (their ``(H, L, S)`` dwarf a
+    regrouped mask), or one new query and no causal mask (decoding: no mask is built)."""
+    return c.need_weights or (c.q.shape[2] == 1 and not c.is_causal)
 
 
 def _fused_takes_groups(c: Call) -> bool:
@@ -230,21 +234,21 @@ def _fused_takes_groups(c: Call) -> bool:
 
 
 def _share_kv_heads(c: Call) -> Call:
-    """``grouped_heads``' step: the call with each group's query heads stacked where that needs
-    no mask (:func:`_stacks`); otherwise the call as it is, for PyTorch's ``enable_gqa``."""
+    """``grouped_heads``' step: the call with each group's query heads stacked where
+    :func:`_stacks` says; otherwise the call as it is, for PyTorch's ``enable_gqa``."""
     return _stack_groups(c) if _stacks(c) else c
 
 
 def _stack_groups(c: Call) -> Call:
     """The query heads of each group stacked along the sequence, ``(B, H_kv, g*L, hd)``, with the
-    mask regrouped to match: the group attends to its key/value head in one product. The table
-    stacks only one new query (:func:`_stacks`), where the mask, if any, is a padding mask or
-    one per head, regrouped without growing."""
+    mask regrouped to match (a causal mask becomes a bool one, regrouped like the queries): the
+    group attends to its key/value head in one product."""
     B, H, L, hd = c.q.shape
     g = c.group_size
+    mask = causal_mask(L, c.k.shape[2], device=c.q.device) if c.is_causal else c.attn_mask
     q = c.q.reshape(B, H // g, g * L, hd)  # (B, H_kv, g*L, hd)
-    mask = None if c.attn_mask is None else _group_mask(c.attn_mask, H, g, L)
-    return replace(c, q=q, attn_mask=mask)
+    mask = None if mask is None else _group_mask(mask, H, g, L)
+    return replace(c, q=q, attn_mask=mask, is_causal=False)
 
 
 def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
