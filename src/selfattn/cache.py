@@ -63,7 +63,10 @@ class Cache(ABC):
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``T`` new tokens' keys ``(B, H_kv, T, hd)`` and values ``(B, H_kv, T, hd_v)``;
         return the keys and values the ``T`` new queries attend to, ``(B, H_kv, S, ...)`` with
-        ``S = size_after(T)``."""
+        ``S = size_after(T)``, in the cache's order: by position, the new tokens last, except
+        one token into a rolling buffer (:class:`SlidingWindowCache`, :class:`SinkCache`),
+        which comes back in the order of the buffer's slots (a layer's weights for that step
+        follow the same order)."""
 
     @abstractmethod
     def size_after(self, T: int) -> int:

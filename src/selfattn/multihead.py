@@ -151,11 +151,16 @@ class MultiHeadAttention(nn.Module):
         (``attn_mask`` is over those), each new query seeing those the cache's rule allows under
         ``is_causal`` (:func:`~selfattn.cache.causal_after_append`), and every one without it.
 
-        What reaches the kernel: a plain causal call (no mask, no cache, or a prompt into an
-        empty cache that keeps it) gets ``is_causal=True`` and no mask tensor, with every head
-        layout (MHA, GQA, MQA); a mask is built only when ``attn_mask`` is given (the causal rule
-        folded into it, in its shape broadcast with ``(L, S)``) or for several new tokens after a
-        cache (the cache's ``(L, S)`` booleans), never one per head.
+        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in the
+        order the cache returns them (:meth:`~selfattn.cache.Cache.append`).
+
+        What reaches the kernel (tests/test_costs.py): a plain causal call (no mask, no cache,
+        or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
+        tensor, with every head layout (MHA, GQA, MQA); a mask is built only when ``attn_mask``
+        is given (the causal rule folded into it, in its shape broadcast with ``(L, S)``) or
+        for several new tokens after a cache (the cache's ``(L, S)`` booleans), never one per
+        head. Without weights it holds no ``(L, S)`` tensor of its own; PyTorch's CPU kernel
+        does, in its math backend, for dropout or a mask that requires grad.
         """
         key = query if key is None else key
         value = key if value is None else value
