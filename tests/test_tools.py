@@ -165,9 +165,9 @@ def test_the_report_keeps_each_gpu_cells_output_in_its_fixed_format(tmp_path, mo
     assert performance.gpu_report() == report
     committed.write_text(json.dumps({**report, "rehearsal": True}))
     assert performance.gpu_report() is None
-    failed = [{**report["steps"][0], "result": "FAILED"}]
-    committed.write_text(json.dumps({**report, "steps": failed}))
-    assert performance.gpu_report() is None
+    failed = {**report, "steps": [{**report["steps"][0], "result": "FAILED"}]}
+    committed.write_text(json.dumps(failed))
+    assert performance.gpu_report() == failed  # a GPU ran it: its steps say what failed
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
