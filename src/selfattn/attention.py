@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .checks import check_attention_inputs, check_mask, check_tensor
 from .heads import _repeat_kv
-from .masks import causal_mask
+from .masks import causal_mask, to_additive
 
 
 def masked_softmax(
@@ -52,35 +52,37 @@ def masked_softmax(
 
 def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
     """:func:`masked_softmax` without checking its inputs (for callers that have)."""
-    bias, keep = _mask_terms(attn_mask, is_causal, *scores.shape[-2:], device=scores.device)
+    L, S = scores.shape[-2:]
+    bias, keep = _mask_terms(attn_mask, is_causal, L, S, dtype=scores.dtype, device=scores.device)
     dtype = torch.promote_types(scores.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
     if bias is not None:
         scores = scores + bias  # (..., L, S): a float mask is added
-    if keep is None:  # nothing blocked
+    if keep is None:  # nothing blocked beyond the bias, and no row left empty
         return torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
     scores = scores.masked_fill(~keep, float("-inf"))  # (..., L, S): blocked keys get no weight
-    if attn_mask is None:  # causal alone: query i keeps key 0 at least, no row is left empty
-        return torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
     dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1, dtype=dtype)  # (..., L, S)
     return weights.masked_fill(dead, 0.0)  # a dead row gets zeros, not 0/0 = NaN
 
 
-def _mask_terms(attn_mask: Tensor | None, is_causal: bool, L: int, S: int, *,
+def _mask_terms(attn_mask: Tensor | None, is_causal: bool, L: int, S: int, *, dtype: torch.dtype,
                 device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-    """What the masks do to ``(L, S)`` scores, as two terms: ``bias`` (a float mask, added) and
-    ``keep`` (bool, broadcastable to the scores: where a query may attend, the float mask's
-    ``-inf`` and ``is_causal`` included); ``None`` for a term that changes nothing. The one place
-    the mask conventions are read: the readable softmax and the in-place one of
-    :mod:`selfattn.fastpaths` both apply these terms."""
-    bias = keep = None
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        keep = attn_mask
-    elif attn_mask is not None:
+    """What the masks do to ``(L, S)`` scores of ``dtype``, as two terms: ``bias``, added (a
+    float mask; the causal mask alone, as 0 and ``-inf``: adding an ``(L, S)`` tensor across
+    the batch and the heads is several times faster than filling through a bool one), and
+    ``keep``, bool, broadcastable to the scores: where a query may attend, ``None`` when the
+    bias says it all and no row can be left empty (query ``i`` keeps key 0 under a causal mask
+    alone). The one place the mask conventions are read: the readable softmax and the in-place
+    one of :mod:`selfattn.fastpaths` both apply these terms."""
+    if attn_mask is None:
+        causal = to_additive(causal_mask(L, S, device=device), dtype) if is_causal else None
+        return causal, None  # (L, S): 0 where query i keeps key j <= i, -inf after
+    if attn_mask.dtype == torch.bool:
+        bias, keep = None, attn_mask
+    else:
         bias, keep = attn_mask, attn_mask != float("-inf")
     if is_causal:
-        causal = causal_mask(L, S, device=device)  # (L, S): query i keeps keys 0..i
-        keep = causal if keep is None else keep & causal
+        keep = keep & causal_mask(L, S, device=device)  # (..., L, S)
     return bias, keep
 
 

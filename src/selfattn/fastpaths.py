@@ -268,16 +268,16 @@ def _inplace_softmax(c: Call) -> tuple[Tensor, Tensor]:
     dtype = torch.promote_types(c.q.dtype, torch.float32)  # the readable path's softmax dtype
     scale = 1.0 / math.sqrt(c.q.shape[-1])
     scores = (c.q.to(dtype) * scale) @ c.k.to(dtype).transpose(-2, -1)  # (..., L, S): ours alone
-    bias, keep = _mask_terms(c.attn_mask, c.is_causal, *scores.shape[-2:], device=scores.device)
+    L, S = scores.shape[-2:]
+    bias, keep = _mask_terms(c.attn_mask, c.is_causal, L, S, dtype=dtype, device=scores.device)
     if bias is not None:  # in place unless the mask's dtype would widen the scores
         same = torch.promote_types(scores.dtype, bias.dtype) == scores.dtype
         scores = scores.add_(bias) if same else scores + bias  # (..., L, S)
     dead = None
     if keep is not None:
         scores.masked_fill_(~keep, float("-inf"))  # blocked keys get no weight
-        if c.attn_mask is not None:  # (causal alone leaves no row empty)
-            dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
-            scores.masked_fill_(dead, 0.0)
+        dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
+        scores.masked_fill_(dead, 0.0)
     recorded = torch.is_grad_enabled() and scores.requires_grad  # autograd keeps the softmax out
     if recorded or scores.dtype != dtype:
         weights = torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)

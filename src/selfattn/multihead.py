@@ -159,8 +159,9 @@ class MultiHeadAttention(nn.Module):
         tensor, with every head layout (MHA, GQA, MQA); a mask is built only when ``attn_mask``
         is given (the causal rule folded into it, in its shape broadcast with ``(L, S)``) or
         for several new tokens after a cache (the cache's ``(L, S)`` booleans), never one per
-        head. Without weights it holds no ``(L, S)`` tensor of its own; PyTorch's CPU kernel
-        does, in its math backend, for dropout or a mask that requires grad.
+        head. A causal call without weights, mask or cache holds no ``(L, S)`` tensor of its
+        own; PyTorch's CPU kernel does, in its math backend, for dropout or a mask that requires
+        grad.
         """
         key = query if key is None else key
         value = key if value is None else value
