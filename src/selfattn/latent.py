@@ -143,8 +143,10 @@ class MultiHeadLatentAttention(nn.Module):
         scores are computed whole; a causal call without a cache builds the ``(L, S)`` causal
         mask. The explicit form also up-projects every cached latent to every head's keys and
         values at each call, ``(B, H, S, head_dim)`` each; the absorbed one reads the cache as
-        it is (no copy per head, none per step), which is why decoding uses it, but recomputes
-        its two matrices at each call (:meth:`absorbed_weights`; a server computes them once).
+        it is (no copy per head, none per step; in float16 or bfloat16 it multiplies in float32,
+        as :func:`~selfattn.attention.attend` does, so it reads a float32 copy of the latents),
+        which is why decoding uses it, but recomputes its two matrices at each call
+        (:meth:`absorbed_weights`; a server computes them once).
 
         ``absorb``: compute with $W^{UK}$ absorbed into the query and $W^{UV}$ into the output
         projection (the decode form, :meth:`absorbed_weights`) instead of up-projecting every
