@@ -6,7 +6,8 @@
 #   make unit   the inner loop (about a minute): lint, type check, the fast tests
 #   make check  make unit, then the slow tests: every test that needs no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
-#   make gpu    on a machine with a CUDA GPU: what only a GPU can run, with a dated report
+#   make gpu    on a machine with a CUDA GPU: what only a GPU can run, with a report to commit
+#   make gpu-rehearsal  make gpu's steps on this CPU (make test runs it)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _vendor/.installed
 CJK_FONT := _vendor/fonts/book-cjk.woff2
 
-.PHONY: book executed test unit check lint bench clean browser robust gpu
+.PHONY: book executed test unit check lint bench clean browser robust gpu gpu-rehearsal
 
 # Two jobs: the Python packages, the JavaScript and the browser install side by side (each
 # recipe below is one job; the chapters' own two-way split is in the test recipe)
@@ -115,16 +116,24 @@ robust: $(STAMP)
 	echo "make robust passed with SELFATTN_SEEDS_FROM=$$from" || \
 	{ echo "make robust failed with SELFATTN_SEEDS_FROM=$$from (repeat: make robust SEEDS_FROM=$$from)"; exit 1; }
 
-# On a machine with a CUDA GPU: the CUDA parity tests, the Triton kernel compiled for this GPU,
-# and every chapter executed on it with its GPU-only cells; a dated report in _build/gpu/
+# On a machine with a CUDA GPU: the CUDA parity tests, the Triton kernel compiled for this GPU
+# (and with Colab's Triton, ahead of time), the kernels SDPA picks, every chapter executed on it
+# with its GPU-only cells; the report goes to src/selfattn/book/gpu_report.{json,md}, to commit
 # (tools/gpu_report.py). Without a GPU it says so and stops.
 gpu: $(STAMP)
 	$(PY) tools/gpu_report.py
+
+# Every step of make gpu on this CPU, with the same device logic (the Triton kernel under its
+# interpreter), printing what would run on a GPU; its report in _build/gpu-rehearsal/. make test
+# runs it. The first run installs Colab's Triton 3.6.0 into _vendor/ for its compile check.
+gpu-rehearsal: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) tools/gpu_report.py --rehearse
 
 .NOTPARALLEL: clean
 clean:
 	rm -rf _build .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
-# Benchmarks print tables measured in one run on this machine (see src/selfattn/bench.py).
+# Benchmarks print tables measured in one run on this machine, and the library's cost targets
+# (src/selfattn/book/bench.py), each met or MISSED.
 bench: $(STAMP)
 	$(PY) -c "from selfattn.book.bench import main; main()"

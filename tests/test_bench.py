@@ -159,18 +159,23 @@ def tiny() -> dict[str, list[dict]]:
                                          bare=True, repeats=2, warmup=1),
         "training": performance.training_benchmark(lengths=(16, 32), n_heads=2, head_dim=8, repeats=2,
                                              min_sample_s=0.001, process_lengths=(32,)),
+        "prefill": bench.prefill_benchmark(L=64, d_model=32, n_heads=4, repeats=2,
+                                           min_sample_s=0.001),
+        "cache_steps": bench.cache_step_benchmark(window=32, d_model=32, n_heads=4, n_sink=2,
+                                                  repeats=2, min_sample_s=0.001),
     }
 
 
 def _all_targets(tiny: dict[str, list[dict]]) -> list[bench.Target]:
     return [*bench.attention_targets(tiny["attention"]), *bench.fastpath_targets(tiny["fastpaths"]),
             *bench.tiled_targets(tiny["scaling"]), *bench.training_targets(tiny["training"], 32),
-            *bench.decode_targets(tiny["decode"], d_model=64, n_heads=16)]
+            *bench.decode_targets(tiny["decode"], d_model=64, n_heads=16),
+            *bench.prefill_targets(tiny["prefill"]), *bench.cache_step_targets(tiny["cache_steps"])]
 
 
 def test_every_target_has_a_goal(tiny):
     targets = _all_targets(tiny)
-    assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 2 + 4
+    assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 2 + 4 + 3 + 6
     assert len({t.label for t in targets}) == len(targets)
     for t in targets:
         assert t.op in ("<=", ">=", "<") and isinstance(t.goal, float) and t.goal > 0, t
@@ -225,7 +230,8 @@ def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, mon
                                                                        capsys):
     for name, key in [("attention_benchmark", "attention"), ("fastpath_benchmark", "fastpaths"),
                       ("scaling_benchmark", "scaling"), ("decode_benchmark", "decode"),
-                      ("training_benchmark", "training")]:
+                      ("training_benchmark", "training"), ("prefill_benchmark", "prefill"),
+                      ("cache_step_benchmark", "cache_steps")]:
         monkeypatch.setattr(bench, name, lambda *a, rows=tiny[key], **k: copy.deepcopy(rows))
     monkeypatch.setattr(bench, "matmul_gflops", lambda: 1.0)
     monkeypatch.setattr(bench, "decode_targets",  # the tiny decode layer's sizes, for the bound
@@ -235,7 +241,8 @@ def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, mon
     bench.main(str(tmp_path))
     out = capsys.readouterr().out.splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "attention.csv", "bench.png", "decode.csv", "fastpaths.csv", "scaling.csv", "training.csv"]
+        "attention.csv", "bench.png", "cache_steps.csv", "decode.csv", "fastpaths.csv",
+        "prefill.csv", "scaling.csv", "training.csv"]
     assert performance.cpu_model() in out[0] and f"{torch.get_num_threads()} threads" in out[0]
     expected = [bench.format_target(t) for t in _all_targets(tiny)]
     assert [line for line in out if "  target " in line] == expected
@@ -274,3 +281,35 @@ def test_decode_benchmark_records_whether_the_split_of_the_keys_ran(monkeypatch,
     assert ran == {(c, v): threads == 4 and c == 32 and v == "MQA"
                    for c in (8, 32) for v in ("MHA", "MQA", "MQA naive")}
     assert fastpaths._split_kv_attention.__name__ == "_split_kv_attention"  # put back
+
+
+def test_a_tiny_prefill_benchmark_has_both_layouts_and_the_mqa_targets():
+    rows = bench.prefill_benchmark(L=64, d_model=32, n_heads=4, kv_heads=(2, 1), repeats=2,
+                                   min_sample_s=0.001)
+    assert [r["variant"] for r in rows] == ["GQA-2", "MQA"]
+    assert all(r["ms"] > 0 and r["ms_off"] > 0 and r["peak_mib"] > 0 for r in rows)
+    mqa = rows[1]
+    assert mqa["qkvo_mib"] == 64 * 8 * (2 * 4 + 2) * 4 / 2**20  # q, k, v and output, float32
+    assert mqa["peak_mib"] < mqa["peak_mib_off"]  # the readable copy of the key/value heads
+    memory, qkvo, time = bench.prefill_targets(rows)
+    assert memory.ratio == mqa["peak_mib"] / mqa["peak_mib_off"] and memory.goal == 1.5
+    assert qkvo.ratio == mqa["peak_mib"] / mqa["qkvo_mib"] and qkvo.goal == 3.0
+    assert time.ratio == mqa["ms"] / mqa["ms_off"] and time.goal == 1.1
+    assert all(fastpaths.ENABLED.values())  # switched back on
+
+
+def test_a_tiny_cache_step_benchmark_measures_every_cache_at_the_same_length():
+    rows = bench.cache_step_benchmark(window=32, d_model=32, n_heads=4, n_sink=2, repeats=2,
+                                      min_sample_s=0.001)
+    assert [r["cache"] for r in rows] == ["KVCache", "PagedKVCache", "SlidingWindowCache(32)",
+                                          "SinkCache(2, 32)"]
+    held = {r["cache"]: r["held_mib"] * 2**20 for r in rows}
+    token = 2 * 32 * 4  # one token's keys and values, float32
+    assert held == {"KVCache": 33 * token, "PagedKVCache": 33 * token,  # reset to 32, then one
+                    "SlidingWindowCache(32)": 32 * token, "SinkCache(2, 32)": 34 * token}
+    step = {r["cache"]: r["step_kib"] * 2**10 for r in rows}
+    assert step["PagedKVCache"] >= 33 * token  # its gather, documented
+    assert step["SlidingWindowCache(32)"] < 8 * token and step["SinkCache(2, 32)"] < 8 * token
+    targets = bench.cache_step_targets(rows)
+    assert len(targets) == 6 and all(t.label.startswith(("SlidingWindowCache", "SinkCache"))
+                                     for t in targets)

@@ -53,7 +53,15 @@ def decode(layer, x, cache, sizes, **kwargs):
 
 
 def assert_equals_full_pass(kind, n_kv_heads=2, rope=False, schedules=SCHEDULES, device="cpu",
-                            need_weights=False):
+                            need_weights=False, grad="off"):
+    """Under ``grad="off"`` (``no_grad``, how decoding runs) the caches write in place, and
+    :class:`KVCache` (capacity 2) doubles on the way; under ``"on"`` autograd records every step,
+    and the caches build new tensors instead."""
+    with torch.set_grad_enabled(grad == "on"):
+        _assert_equals_full_pass(kind, n_kv_heads, rope, schedules, device, need_weights)
+
+
+def _assert_equals_full_pass(kind, n_kv_heads, rope, schedules, device, need_weights):
     torch.manual_seed(0)
     layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=n_kv_heads, rope=rope).to(device, F64).eval()
     batch = 1 if kind == "paged" else 2  # a paged cache holds one sequence
@@ -65,13 +73,15 @@ def assert_equals_full_pass(kind, n_kv_heads=2, rope=False, schedules=SCHEDULES,
         torch.testing.assert_close(out, full, msg=lambda m, name=name: f"{kind}, {name}: {m}")
 
 
+@pytest.mark.parametrize("grad", ["off", "on"])
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # MHA, GQA, MQA
 @pytest.mark.parametrize("kind", list(MASKS))
 def test_every_cache_equals_the_full_pass_under_its_mask(kind, n_kv_heads, rope, need_weights,
-                                                          device):
-    assert_equals_full_pass(kind, n_kv_heads, rope, device=device, need_weights=need_weights)
+                                                          grad, device):
+    assert_equals_full_pass(kind, n_kv_heads, rope, device=device, need_weights=need_weights,
+                            grad=grad)
 
 
 @pytest.mark.parametrize("kind", list(MASKS))
@@ -105,7 +115,10 @@ def test_append_returns_size_after_keys_and_a_mask_of_that_width(kind):
         if mask is not None:
             assert mask.shape == (T, S) and mask.dtype == torch.bool
             assert mask[:, -T:].tril().equal(mask[:, -T:])  # causal among the new tokens
-        assert torch.equal(keys[:, :, -T:], k)  # the new tokens come last
+        if T > 1 or kind in ("kv", "paged"):
+            assert torch.equal(keys[:, :, -T:], k)  # the new tokens come last
+        else:  # one token into a rolling buffer: its slot, in the buffer's own order
+            assert sum(torch.equal(keys[:, :, j : j + 1], k) for j in range(S)) == 1
 
 
 @pytest.mark.parametrize("kind", list(MASKS))
@@ -281,9 +294,16 @@ BAD += [
     ("pool frees a block it lacks", lambda: _pool().free([7]), ValueError, _msg(r"\[0, 4\)", "7")),
     ("layer: kv_cache not a Cache", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), kv_cache=object()), TypeError, _msg("kv_cache", "Cache", "object")),
-    ("layer: causal cache with fewer queries than keys", lambda: selfattn.MultiHeadAttention(16, 4)(
+    ("layer: a cache with keys of their own (cross-attention)", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), torch.zeros(1, 3, 16), is_causal=True, kv_cache=KVCache()),
-     ValueError, _msg("query", "key", "same length", r"\(1, 2, 16\)", r"\(1, 3, 16\)")),
+     ValueError, _msg("self-attention", "query alone", r"\(1, 3, 16\)", r"\(1, 2, 16\)",
+                      "cross-attention")),
+    ("layer: a cache with the query's copy as key", lambda: selfattn.MultiHeadAttention(16, 4)(
+        torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), kv_cache=KVCache()),
+     ValueError, "self-attention"),
+    ("layer: a cache with a value of its own", lambda: (lambda x: selfattn.MultiHeadAttention(16, 4)(
+        x, x, torch.zeros(1, 2, 16), kv_cache=KVCache()))(torch.zeros(1, 2, 16)),
+     ValueError, "self-attention"),
     ("layer: mask over more keys than the window returns", lambda: selfattn.MultiHeadAttention(16, 4)(
         torch.zeros(1, 2, 16), attn_mask=torch.ones(2, 6, dtype=torch.bool),
         kv_cache=SlidingWindowCache(3)), ValueError, _msg("attn_mask", r"\(2, 6\)", r"\(1, 4, 2, 2\)")),
@@ -318,14 +338,31 @@ def _gathered_in_reverse(self, store):  # the block table read backwards
     return blocks.transpose(0, 1).reshape(H_kv, n * size, width)[None, :, : self.length]
 
 
+def _grown_losing_the_last_token(self, old, cap):  # a doubling that copies one token too few
+    new = old.new_zeros(*old.shape[:2], cap, old.shape[3])
+    new[:, :, : self.length - 1] = old[:, :, : self.length - 1]
+    return new
+
+
+def _slot_one_further(self, p):  # a decoded token written into the next position's slot
+    return (p + 1) % (self.n_sink + self.window)
+
+
+@pytest.mark.parametrize("grad", ["off", "on"])
 @pytest.mark.parametrize(("kind", "cls", "name", "bug"), [
     ("window", _RollingCache, "mask", _window_one_too_wide),
     ("sink", _RollingCache, "_slots", _slots_forgetting_the_sinks),
     ("paged", PagedKVCache, "_gathered", _gathered_in_reverse),
+    ("kv", KVCache, "_grown", _grown_losing_the_last_token),
+    ("sink", _RollingCache, "_slot", _slot_one_further),
 ])
-def test_the_equality_test_catches_a_planted_bug(monkeypatch, kind, cls, name, bug):
-    # (the too-wide band shows only in chunks: one new token gets no mask at all)
-    assert_equals_full_pass(kind, rope=True)  # the real cache passes
+def test_the_equality_test_catches_a_planted_bug(monkeypatch, kind, cls, name, bug, grad):
+    # (the too-wide band shows only in chunks: one new token gets no mask at all; the lossy
+    # doubling and the slot of one decoded token only without autograd, which copies instead)
+    assert_equals_full_pass(kind, rope=True, grad=grad)  # the real cache passes
     monkeypatch.setattr(cls, name, bug)
+    if name in ("_grown", "_slot") and grad == "on":
+        assert_equals_full_pass(kind, rope=True, grad=grad)  # autograd's steps copy instead
+        return
     with pytest.raises(AssertionError):
-        assert_equals_full_pass(kind, rope=True)
+        assert_equals_full_pass(kind, rope=True, grad=grad)

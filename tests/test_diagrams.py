@@ -390,7 +390,7 @@ def test_latent_attention_draws_what_the_layer_caches(n_heads, head_dim, kv_rank
     # what the layer really caches per token, measured: the number drawn
     layer = MultiHeadLatentAttention(n_heads * head_dim, n_heads, head_dim, kv_rank, rope_dim=rope_dim)
     cache = KVCache()
-    layer(torch.randn(1, 3, n_heads * head_dim), is_causal=True, cache=cache, absorb=True)
+    layer(torch.randn(1, 3, n_heads * head_dim), is_causal=True, kv_cache=cache, absorb=True)
     per_token = cache.nbytes // (3 * 4)
     assert layout.cached == per_token == kv_rank + rope_dim
     cached = f"{kv_rank} + {rope_dim} = {per_token} numbers" if rope_dim else f"{kv_rank} numbers"

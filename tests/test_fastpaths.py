@@ -6,8 +6,11 @@ off: the readable computation, ``repeat_kv`` then ``attention.attend`` (or
 ``F.scaled_dot_product_attention`` without weights). In the spirit of flash-attention's
 ``attention_ref`` tests it compares outputs, weights and gradients (of the inputs, the projection
 weights and a mask that requires grad); float64 and float32 closely, float16 and bfloat16 by
-flash-attention's rule against float64. Each row also checks that each path ran exactly where
-its condition says it may, so a path that never runs cannot pass by not running.
+flash-attention's rule against float64: the fast run and the readable one each at most twice
+the error of the same layer with its attention computed by ``reference.attention_ref`` in the
+low dtype (plain torch, none of the library's attention). Each row also checks that each path
+ran exactly where its condition says it may, so a path that never runs cannot pass by not
+running. What each call may allocate and hand to PyTorch's kernel: tests/test_costs.py.
 """
 
 import contextlib
@@ -18,7 +21,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import assert_within_twice_the_reference_error
+from reference import assert_within_twice_the_reference_error, attention_ref
 
 import selfattn
 from selfattn import fastpaths
@@ -45,7 +48,8 @@ DIMENSIONS = {
 # and with each argument the condition reads moved away from it alone. The other dimensions take
 # every pair of values across a path's rows.
 DESIGNS = {
-    # is_causal by geometry: without a cache, the stacked groups' own causal branch runs
+    # is_causal by geometry: a causal call without a cache reaches PyTorch's enable_gqa, one
+    # new token after a cache the stacked groups
     "grouped_heads": {"crossed": ["n_kv_heads", "is_causal", "geometry", "need_weights"],
                       "around": {"mask": "none"}},
     "inplace_softmax": {"crossed": ["need_weights", "mask", "is_causal", "grad"]},
@@ -124,7 +128,13 @@ def runs(monkeypatch):
 
     monkeypatch.setattr(fastpaths, "GROUPED_HEADS", counted(fastpaths.GROUPED_HEADS))
     monkeypatch.setattr(fastpaths, "KERNELS", [counted(path) for path in fastpaths.KERNELS])
+    fused = fastpaths._fused_takes_groups  # on CUDA PyTorch's own checks decide: record them
+    monkeypatch.setattr(fastpaths, "_fused_takes_groups",
+                        lambda c: FUSED_SAID.append(fused(c)) or FUSED_SAID[-1])
     return counts
+
+
+FUSED_SAID: list[bool] = []  # what fastpaths._fused_takes_groups answered in the compared call
 
 
 def make_case(row):
@@ -182,6 +192,7 @@ def run(case, row, dtype, device, counts=None):
                   "attn_mask": mask, "kv_cache": cache}
         if counts is not None:
             counts.update(dict.fromkeys(counts, 0))
+            FUSED_SAID.clear()
         out, weights = layer(x[:, P:], key, **kwargs)
     results = {"output": out, "weights": weights}
     if any(t.requires_grad for t in leaves.values()) and row["grad"] != "off":
@@ -194,6 +205,23 @@ def run(case, row, dtype, device, counts=None):
     return results
 
 
+@contextlib.contextmanager
+def plain_attention():
+    """The layer with its attention computed by reference.attention_ref in the inputs' dtype
+    (upcast=False): the low-precision yardstick, none of the library's attention code."""
+    def attend_heads(q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0,
+                     need_weights=False):
+        out, weights = attention_ref(q, k, v, attn_mask, is_causal, dropout_p, upcast=False)
+        return out, weights if need_weights else None
+
+    real = fastpaths.attend_heads
+    fastpaths.attend_heads = attend_heads
+    try:
+        yield
+    finally:
+        fastpaths.attend_heads = real
+
+
 def expected_runs(row, enabled, device):
     """Which paths the dispatch table should pick for the compared call, from their conditions
     as the module docstring states them."""
@@ -203,8 +231,13 @@ def expected_runs(row, enabled, device):
         causal = False
         if L > 1 or P < S - 1:  # (one query after the cache sees every key: no mask at all)
             mask = "bool" if mask == "none" else mask
-    grouped = "grouped_heads" in enabled and row["n_kv_heads"] < H
-    if grouped and causal:  # stacked query heads are no longer top-left causal: a bool mask
+    stacks = row["need_weights"] or (L == 1 and not causal)  # stacked: weights, or decoding
+    # PyTorch's fused kernel takes grouped heads on a CPU; on CUDA its own checks said
+    fused = device == "cpu" or (FUSED_SAID[-1] if FUSED_SAID else False)
+    grouped = ("grouped_heads" in enabled and row["n_kv_heads"] < H
+               and (stacks or (not row["need_weights"] and fused)))
+    one_head_each = row["n_kv_heads"] == H or not grouped or stacks  # then: no enable_gqa
+    if grouped and stacks and causal:  # stacked query heads are no longer top-left causal
         mask, causal = "bool", False
     cpu = device == "cpu"
     recorded = row["grad"] == "on" or (row["grad"] == "frozen" and row["mask"] == "float_grad")
@@ -213,7 +246,7 @@ def expected_runs(row, enabled, device):
         "inplace_softmax": "inplace_softmax" in enabled and row["need_weights"] and cpu,
         "split_kv": ("split_kv" in enabled and not row["need_weights"] and mask == "none"
                      and not causal and row["dropout_p"] == 0.0 and not recorded and cpu
-                     and row["batch"] == 1 and S >= fastpaths.SPLIT_KV_MIN_KEYS
+                     and one_head_each and row["batch"] == 1 and S >= fastpaths.SPLIT_KV_MIN_KEYS
                      and L * (H // row["n_kv_heads"] if grouped else 1)
                      <= fastpaths.SPLIT_KV_MAX_QUERIES),
     }
@@ -231,6 +264,9 @@ def test_each_fast_path_equals_the_readable_computation(path, row, device, force
     with fastpaths.disabled():
         readable = run(case, row, dtype, device)
         exact = run(case, row, torch.float64, device) if dtype.itemsize < 4 else None
+    if exact is not None:
+        with plain_attention():
+            plain = run(case, row, dtype, device)
     assert set(fast) == set(readable)
     for what, got in fast.items():
         want = readable[what]
@@ -240,7 +276,9 @@ def test_each_fast_path_equals_the_readable_computation(path, row, device, force
             tolerance = 1e-10 if dtype == torch.float64 else 1e-5
             torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance, msg=what)
         else:
-            assert_within_twice_the_reference_error(got, want, exact[what], what)
+            for name, result in (("fast", got), ("readable", want)):
+                assert_within_twice_the_reference_error(result, plain[what], exact[what],
+                                                        f"{what} ({name})")
     expected = expected_runs(row, enabled, device)
     assert ran == {name: 1 for name, runs_here in expected.items() if runs_here}
     assert fastpaths.ENABLED == dict.fromkeys(fastpaths.ENABLED, True)  # all back on

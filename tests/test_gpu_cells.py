@@ -32,3 +32,13 @@ def test_sdpa_fallbacks_names_a_kernel_for_every_call():
     assert [r["call"] for r in rows] == ["float32, is_causal=True", "the same causal mask as a tensor",
                                           "1 key/value heads, enable_gqa=True"]
     assert all("scaled_dot_product" in r["kernel"] for r in rows)
+
+
+def test_a_cpu_call_is_profiled_on_the_cpu_even_where_cuda_exists(monkeypatch):
+    """make gpu runs these tests on a machine with a GPU: the kernels of a CPU call must still be
+    read from the CPU's operations, not from a CUDA profile (which would find none, or fail)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    q = torch.randn(1, 2, 16, 8)
+    kernels = performance._kernels_that_ran(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), "cpu")
+    assert any("flash_attention_for_cpu" in k for k in kernels), kernels

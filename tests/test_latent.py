@@ -39,7 +39,7 @@ def run(m, x, *, is_causal, absorb, chunks=None, cache=None):
     cache = KVCache(capacity=2) if cache is None else cache  # small: the buffers grow on the way
     outs, start = [], 0
     for n in chunks:
-        outs.append(m(x[:, start:start + n], is_causal=is_causal, cache=cache, absorb=absorb))
+        outs.append(m(x[:, start:start + n], is_causal=is_causal, kv_cache=cache, absorb=absorb))
         start += n
     assert start == x.shape[1]
     return torch.cat(outs, dim=1)
@@ -104,8 +104,8 @@ def test_cached_decoding_equals_the_full_causal_pass(rope_dim, chunks, absorb):
 def test_a_prompt_read_explicitly_can_be_decoded_absorbed_from_the_same_cache():
     m, x = layer(), tokens()
     cache = KVCache()
-    prompt = m(x[:, :4], is_causal=True, cache=cache)  # explicit
-    steps = [m(x[:, t:t + 1], is_causal=True, cache=cache, absorb=True) for t in range(4, 7)]
+    prompt = m(x[:, :4], is_causal=True, kv_cache=cache)  # explicit
+    steps = [m(x[:, t:t + 1], is_causal=True, kv_cache=cache, absorb=True) for t in range(4, 7)]
     assert_close(torch.cat([prompt, *steps], dim=1), m(x, is_causal=True))
 
 
@@ -139,7 +139,7 @@ def test_a_sliding_window_cache_gives_sliding_window_attention(absorb):
 def test_the_cache_holds_kv_rank_plus_rope_dim_numbers_per_token(rope_dim):
     m, x = layer(rope_dim), tokens(B=3, T=5)
     cache = KVCache()
-    m(x, is_causal=True, cache=cache, absorb=True)
+    m(x, is_causal=True, kv_cache=cache, absorb=True)
     assert m.cache_numbers_per_token() == R + rope_dim
     assert cache.length == 5
     assert cache.nbytes == 3 * 5 * (R + rope_dim) * 8  # batch, tokens, numbers, float64 bytes
@@ -228,8 +228,8 @@ def test_gradients_reach_every_parameter_and_agree_between_the_forms():
         m, x = layer(rope_dim=4, bias=True), tokens()
         x.requires_grad_(True)
         cache = KVCache()
-        out = torch.cat([m(x[:, :4], is_causal=True, cache=cache, absorb=form),
-                         m(x[:, 4:], is_causal=True, cache=cache, absorb=form)], dim=1)
+        out = torch.cat([m(x[:, :4], is_causal=True, kv_cache=cache, absorb=form),
+                         m(x[:, 4:], is_causal=True, kv_cache=cache, absorb=form)], dim=1)
         out.square().sum().backward()
         grads[form] = {name: p.grad for name, p in m.named_parameters()} | {"x": x.grad}
     names = {name for name, _ in layer(rope_dim=4, bias=True).named_parameters()}
@@ -285,7 +285,7 @@ def test_bad_sizes_say_what_is_wrong(args, kwargs, exc, words):
      ["at least one token", "(2, 0, 24)"]),
     (lambda m: m(torch.ones(2, 7, D, dtype=torch.long)), TypeError, ["x must be a floating-point"]),
     (lambda m: m([[0.0] * D]), TypeError, ["x must be a torch.Tensor, got list"]),
-    (lambda m: m(tokens(), cache={}), TypeError, ["cache must be a selfattn.cache.Cache", "dict"]),
+    (lambda m: m(tokens(), kv_cache={}), TypeError, ["kv_cache must be a selfattn.cache.Cache", "dict"]),
     (lambda m: m(tokens(), is_causal=1), TypeError, ["is_causal must be a bool, got int"]),
     (lambda m: m(tokens(), absorb="yes"), TypeError, ["absorb must be a bool, got str"]),
 ])
@@ -299,13 +299,13 @@ def test_bad_input_says_what_is_wrong(call, exc, words):
 
 def test_a_cache_of_another_layer_or_batch_is_refused():
     m, cache = layer(), KVCache()
-    m(tokens(B=3), cache=cache)
+    m(tokens(B=3), kv_cache=cache)
     with pytest.raises(ValueError, match=r"holds k of \(batch, n_kv_heads, width\) \(3, 1, 10\)"):
-        m(tokens(B=2), cache=cache)  # another batch
+        m(tokens(B=2), kv_cache=cache)  # another batch
     other = MultiHeadLatentAttention(D, H, HD, R + 2, rope_dim=4).double()
     with pytest.raises(ValueError, match="Use a new KVCache"):
-        other(tokens(B=3), cache=cache)  # another layer's latent width
+        other(tokens(B=3), kv_cache=cache)  # another layer's latent width
     mha_cache = KVCache()
     MultiHeadAttention(D, H, head_dim=HD).double()(tokens(B=3), kv_cache=mha_cache)
     with pytest.raises(ValueError, match=r"holds k of \(batch, n_kv_heads, width\) \(3, 4, 6\)"):
-        m(tokens(B=3), cache=mha_cache)  # an MHA layer's cache
+        m(tokens(B=3), kv_cache=mha_cache)  # an MHA layer's cache

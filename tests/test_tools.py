@@ -83,24 +83,91 @@ def test_the_webfont_covers_every_chinese_character_of_the_book():
 gpu_report = load("gpu_report")
 
 
-def test_make_gpu_plans_the_cuda_tests_the_triton_kernel_and_every_chapter():
-    names = [name for name, _ in gpu_report.steps()]
-    chapters = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
-    assert names[:2] == ["parity tests on cuda", "Triton kernel, compiled"]
-    assert names[2:] == [f"chapter {c}" for c in chapters]
+def test_make_gpu_plans_the_cuda_tests_the_triton_kernel_the_kernels_and_the_chapters():
+    gpu = gpu_report.steps(gpu_report.Device("cuda", False))
+    rehearsal = gpu_report.steps(gpu_report.Device("cpu", True))
+    assert [name for name, _ in gpu] == [
+        "parity tests on cuda", "Triton kernel", "Triton 3.6.0 (Colab's) compiles without spills",
+        "kernels that ran", "chapters with their GPU cells"]
+    assert [name for name, _ in rehearsal][1:] == [name for name, _ in gpu][1:]
+    commands = {name: " ".join(command) for name, command in gpu}
+    assert commands["parity tests on cuda"].endswith("-k cuda tests")
+    assert commands["Triton kernel"].endswith("pytest -q tests/test_triton.py")  # every test
+    assert "--toy" not in commands["kernels that ran"] and "--rehearse" not in " ".join(commands.values())
+    # the rehearsal's parity step collects the cpu twins of the cuda rows, in the files that
+    # take the device fixture
+    parity = " ".join(rehearsal[0][1])
+    assert "--collect-only -k cpu" in parity
+    for path in gpu_report.PARITY_FILES:
+        assert "device" in (ROOT / path).read_text() and path in parity
 
 
-def test_make_gpu_runs_the_gpu_only_cells(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_report, "OUT", tmp_path)
+def test_the_device_logic_of_make_gpu_and_its_rehearsal(monkeypatch):
+    """On a GPU the steps run with Triton's interpreter off; the rehearsal runs them on the CPU,
+    the interpreter on and CUDA hidden (so a GPU machine rehearses the CPU logic too)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu, cpu = gpu_report.Device("cuda", False).env, gpu_report.Device("cpu", True).env
+    assert "TRITON_INTERPRET" not in gpu and "CUDA_VISIBLE_DEVICES" not in gpu
+    assert cpu["TRITON_INTERPRET"] == "1" and cpu["CUDA_VISIBLE_DEVICES"] == ""
+    assert gpu_report.device_logic(rehearse=True) == gpu_report.Device("cpu", True)
+
+
+def test_make_gpu_runs_the_gpu_only_cells(tmp_path):
     import json
 
-    copy = gpu_report.with_gpu_cells(ROOT / "chapters" / "09_performance.ipynb")
+    copy = gpu_report.with_gpu_cells(ROOT / "chapters" / "09_performance.ipynb", tmp_path)
     original = json.loads((ROOT / "chapters" / "09_performance.ipynb").read_text())
     tags = [c.get("metadata", {}).get("tags", []) for c in original["cells"]]
     assert any("skip-execution" in t for t in tags)  # chapter 9 has GPU-only cells ...
     cells = json.loads(copy.read_text())["cells"]
     assert not any(set(c.get("metadata", {}).get("tags", [])) & gpu_report.SKIP_TAGS for c in cells)
     assert [c["source"] for c in cells] == [c["source"] for c in original["cells"]]  # ... run as they are
+    found = {p.stem: gpu_report.gpu_cells(p) for p in (ROOT / "chapters").glob("*.ipynb")}
+    assert all(found[c] for c in ("07_multi_query_attention", "08_pitfalls", "09_performance"))
+
+
+def test_the_report_keeps_each_gpu_cells_output_in_its_fixed_format(tmp_path, monkeypatch):
+    """An executed GPU cell's text goes into the report; the report renders as Markdown and
+    reads back with the chapters' parser; a rehearsal's report never counts as a GPU run."""
+    import json
+
+    import nbformat
+
+    from selfattn.book import performance
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("print('on the GPU')",
+                                          metadata={"tags": ["skip-execution", "nbval-skip"]})]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n"),
+                           nbformat.v4.new_output("execute_result", {"text/plain": "42"},
+                                                  execution_count=2)]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    cells = gpu_report.collect("99_x", path, nb)
+    assert cells == [{"chapter": "99_x", "index": 1, "id": nb.cells[1].id,
+                      "first_line": "print('on the GPU')", "output": "ran\n42"}]
+    report = {"format": gpu_report.FORMAT, "rehearsal": False, "date": "today",
+              "versions": {"torch": "2"}, "device": {"name": "A GPU", "capability": "8.0",
+                                                      "memory_gib": 80},
+              "steps": [{"name": "s", "command": "c", "result": "passed", "seconds": 1.0,
+                         "summary": "ok"}],
+              "kernels": [{"call": "c", "kernel": "k"}], "gpu_kernels": [], "cells": cells}
+    text = json.dumps(report)
+    assert performance.parse_gpu_report(text) == report
+    assert "ran\n42" in gpu_report.markdown(report) and "A GPU" in gpu_report.markdown(report)
+    with pytest.raises(ValueError, match="cells"):
+        performance.parse_gpu_report(json.dumps({**report, "cells": None}))
+    committed = tmp_path / "gpu_report.json"
+    monkeypatch.setattr(performance, "GPU_REPORT", committed)
+    assert performance.gpu_report() is None  # nothing committed
+    committed.write_text(text)
+    assert performance.gpu_report() == report
+    committed.write_text(json.dumps({**report, "rehearsal": True}))
+    assert performance.gpu_report() is None
+    failed = {**report, "steps": [{**report["steps"][0], "result": "FAILED"}]}
+    committed.write_text(json.dumps(failed))
+    assert performance.gpu_report() == failed  # a GPU ran it: its steps say what failed
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")

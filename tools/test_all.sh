@@ -6,8 +6,9 @@
 #      every chapter executed for the book (tools/execute_book.py, two at a time, asserts
 #      included), with tests/harness.py in each chapter's kernel recording every figure's text
 #      size and driving every explorer live (into _build/harness/);
-#   2. the slow tests (pytest -m "slow and not built_book") beside the page rendering
-#      (jupyter-book, warnings are errors);
+#   2. the slow tests (pytest -m "slow and not built_book") and make gpu's rehearsal on this CPU
+#      (tools/gpu_report.py --rehearse) beside the page rendering (jupyter-book, warnings are
+#      errors);
 #   3. the tests that read the built book (pytest -m built_book), the browser tests among them.
 #
 # The Makefile calls it after lint, the browser check and the set-up (.venv, _vendor, the font).
@@ -55,10 +56,11 @@ fast_tests_and_chapters() {
 
 slow_tests_and_rendering() {
     local tests=0 built=0 job
-    phase "2: the slow tests, beside the page rendering"
+    phase "2: the slow tests and the GPU rehearsal, beside the page rendering"
     in_background "$MAKE" --no-print-directory book
     job=$!
     "$PY" -m pytest -m "slow and not built_book" tests || tests=$?
+    "$PY" tools/gpu_report.py --rehearse || tests=$?  # make gpu-rehearsal
     finish "$job" || built=$?
     if [ "$built" -ne 0 ]; then
         echo "make book failed (exit $built)"

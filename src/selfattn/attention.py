@@ -12,8 +12,8 @@ fused kernels never materialise.
 itself; code that has checked its inputs already (``MultiHeadAttention``) calls :func:`attend`,
 whose options are keyword-only. :func:`masked_softmax` does the same with its unchecked core.
 The faster variants the library also uses live in :mod:`selfattn.fastpaths`; the one that
-overwrites the scores in place calls the same core (``inplace=True``), so the masks mean the
-same there.
+overwrites the scores in place reads the masks through the same :func:`_mask_terms`, so they mean
+the same there.
 """
 
 from __future__ import annotations
@@ -50,70 +50,52 @@ def masked_softmax(
     return _masked_softmax(scores, attn_mask, is_causal)
 
 
-def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool, *,
-                    inplace: bool = False) -> Tensor:
-    """:func:`masked_softmax` without checking its inputs (for callers that have).
-
-    ``inplace=True``: ``scores`` is a buffer the caller will not read again. The masks are then
-    written into it where shapes and dtypes allow, and so are the weights when autograd does not
-    record the softmax (it keeps the softmax's output for the backward pass), instead of
-    allocating new ``(..., L, S)`` tensors.
-    """
+def _masked_softmax(scores: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """:func:`masked_softmax` without checking its inputs (for callers that have)."""
     L, S = scores.shape[-2:]
+    bias, keep = _mask_terms(attn_mask, is_causal, L, S, dtype=scores.dtype, device=scores.device)
     dtype = torch.promote_types(scores.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
-    if attn_mask is None and not is_causal:
-        return _softmax(scores, dtype, inplace)  # (..., L, S)
-    if attn_mask is None:  # causal alone: query i keeps keys 0..i, so no row is left empty
-        M = to_additive(causal_mask(L, S, device=scores.device), scores.dtype)  # (L, S): 0, -inf
-        return _softmax(_add(scores, M, inplace), dtype, inplace)  # (..., L, S)
-    if attn_mask.dtype == torch.bool:
-        keep = attn_mask  # bool, broadcastable to scores: where a query may attend
-    else:
-        scores = _add(scores, attn_mask, inplace)  # (..., L, S): a bias, -inf where a key is blocked
-        keep = attn_mask != float("-inf")
-    if is_causal:
-        keep = keep & causal_mask(L, S, device=scores.device)  # (..., L, S)
+    if bias is not None:
+        scores = scores + bias  # (..., L, S): a float mask is added
+    if keep is None:  # nothing blocked beyond the bias, and no row left empty
+        return torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
+    scores = scores.masked_fill(~keep, float("-inf"))  # (..., L, S): blocked keys get no weight
     dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
-    scores = _fill(scores, ~keep, float("-inf"), inplace)  # blocked keys get no weight
-    scores = _fill(scores, dead, 0.0, inplace)  # a dead row: finite scores, zeroed below
-    weights = _softmax(scores, dtype, inplace)  # (..., L, S)
-    return _fill(weights, dead, 0.0, inplace and not _recorded(weights))  # zeros, not NaN
+    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1, dtype=dtype)  # (..., L, S)
+    return weights.masked_fill(dead, 0.0)  # a dead row gets zeros, not 0/0 = NaN
 
 
-def _fits(small: Tensor, big: Tensor) -> bool:
-    return torch.broadcast_shapes(small.shape, big.shape) == big.shape
-
-
-def _add(scores: Tensor, bias: Tensor, inplace: bool) -> Tensor:
-    if inplace and _fits(bias, scores) and torch.promote_types(scores.dtype, bias.dtype) == scores.dtype:
-        return scores.add_(bias)
-    return scores + bias
-
-
-def _fill(scores: Tensor, where: Tensor, value: float, inplace: bool) -> Tensor:
-    if inplace and _fits(where, scores):
-        return scores.masked_fill_(where, value)
-    return scores.masked_fill(where, value)
-
-
-def _softmax(scores: Tensor, dtype: torch.dtype, inplace: bool) -> Tensor:
-    if inplace and scores.dtype == dtype and not _recorded(scores):
-        return torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # no public out= form
-    return torch.softmax(scores, dim=-1, dtype=dtype)
-
-
-def _recorded(x: Tensor) -> bool:
-    """Autograd records what is computed from ``x``."""
-    return torch.is_grad_enabled() and x.requires_grad
+def _mask_terms(attn_mask: Tensor | None, is_causal: bool, L: int, S: int, *, dtype: torch.dtype,
+                device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+    """What the masks do to ``(L, S)`` scores of ``dtype``, as two terms: ``bias``, added (a
+    float mask; the causal mask alone, as 0 and ``-inf``: adding an ``(L, S)`` tensor across
+    the batch and the heads is several times faster than filling through a bool one), and
+    ``keep``, bool, broadcastable to the scores: where a query may attend, ``None`` when the
+    bias says it all and no row can be left empty (query ``i`` keeps key 0 under a causal mask
+    alone). The one place the mask conventions are read: the readable softmax and the in-place
+    one of :mod:`selfattn.fastpaths` both apply these terms."""
+    if attn_mask is None:
+        causal = to_additive(causal_mask(L, S, device=device), dtype) if is_causal else None
+        return causal, None  # (L, S): 0 where query i keeps key j <= i, -inf after
+    if attn_mask.dtype == torch.bool:
+        bias, keep = None, attn_mask
+    else:
+        bias, keep = attn_mask, attn_mask != float("-inf")
+    if is_causal:
+        keep = keep & causal_mask(L, S, device=device)  # (..., L, S)
+    return bias, keep
 
 
 def _weights_and_output(scores: Tensor, value: Tensor, *, attn_mask: Tensor | None,
-                        is_causal: bool, dropout_p: float,
-                        inplace: bool = False) -> tuple[Tensor, Tensor]:
+                        is_causal: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
     """The second half of attention, for any scores: the masked softmax, dropout,
     then the weighted sum of the values. Returns ``(weights @ value, weights)``."""
-    weights = _masked_softmax(scores, attn_mask, is_causal,
-                              inplace=inplace)  # (..., L, S)
+    weights = _masked_softmax(scores, attn_mask, is_causal)  # (..., L, S)
+    return _weighted_sum(weights, value, dropout_p)  # (..., L, Ev), (..., L, S)
+
+
+def _weighted_sum(weights: Tensor, value: Tensor, dropout_p: float) -> tuple[Tensor, Tensor]:
+    """Dropout on the weights, then their sum of the values: ``(weights @ value, weights)``."""
     weights = weights.to(value.dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)

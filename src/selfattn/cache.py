@@ -18,11 +18,21 @@ cache                   keeps
 ======================  ============================================================================
 
 Every one implements :class:`Cache`, the protocol that
-``MultiHeadAttention.forward(kv_cache=...)`` uses: ``append`` the new tokens' keys and values and
-get back the keys and values the new queries attend to; ``mask`` says which of those each new
-query may see under causal attention with the cache's rule. A cache that drops tokens equals full
-attention under the matching mask of :func:`~selfattn.masks.causal_mask` (``window``, ``n_sink``),
-exactly: tests/test_cache.py checks each one against that full pass.
+``MultiHeadAttention.forward(kv_cache=...)`` and ``MultiHeadLatentAttention.forward(kv_cache=...)``
+use: ``append`` the new tokens' keys and values and get back the keys and values the new queries
+attend to; :func:`causal_after_append` (the one place that rule is written) says how causal
+attention under the cache's rule reaches the kernel: PyTorch's ``is_causal``, a mask, or nothing. A
+cache that drops tokens equals full attention under the matching mask of
+:func:`~selfattn.masks.causal_mask` (``window``, ``n_sink``): tests/test_cache.py checks each one
+against that full pass.
+
+What a step costs (asserted in tests/test_costs.py): :class:`KVCache` writes the new tokens into
+its buffer and returns views of it (a copy of the whole cache only when it doubles, or, with
+autograd recording, at every step); :class:`SlidingWindowCache` and :class:`SinkCache` write the
+new token into its slot and return their buffers themselves for one new token (no copy, whatever
+the window), and gather the keys in order of position only for a chunk of several, which needs
+its band mask; :class:`PagedKVCache` gathers the sequence's blocks into one tensor at every step
+(a copy of what it holds: the readable stand-in for a kernel that reads the blocks in place).
 
 Keys are cached as the layer hands them over: with RoPE, already rotated at their own positions.
 """
@@ -35,7 +45,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from .checks import check_positive_int
+from .checks import check_nonnegative_int, check_positive_int
 from .masks import causal_mask
 
 
@@ -53,7 +63,10 @@ class Cache(ABC):
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``T`` new tokens' keys ``(B, H_kv, T, hd)`` and values ``(B, H_kv, T, hd_v)``;
         return the keys and values the ``T`` new queries attend to, ``(B, H_kv, S, ...)`` with
-        ``S = size_after(T)``."""
+        ``S = size_after(T)``, in the cache's order: by position, the new tokens last, except
+        one token into a rolling buffer (:class:`SlidingWindowCache`, :class:`SinkCache`),
+        which comes back in the order of the buffer's slots (a layer's weights for that step
+        follow the same order)."""
 
     @abstractmethod
     def size_after(self, T: int) -> int:
@@ -82,6 +95,24 @@ class Cache(ABC):
     def allocated_bytes(self) -> int:
         """Bytes of storage the cache has allocated for keys and values (kept tokens and spare
         room)."""
+
+
+def causal_after_append(cache: Cache, T: int,
+                        device: torch.device | str | None = None) -> tuple[bool, Tensor | None]:
+    """Causal attention of the ``T`` tokens just appended to ``cache``, as a kernel takes it:
+    ``(is_causal, mask)``.
+
+    PyTorch's ``is_causal`` is top-left aligned: right for queries ``0..T-1`` over keys
+    ``0..S-1``, so only for a prompt into an empty cache that keeps it whole; it is then
+    ``(True, None)``, and the kernel gets no mask tensor (SDPA's flash kernel). Otherwise the new
+    queries sit at positions ``P..P+T-1`` after ``P`` cached tokens, and the cache may have
+    dropped keys: ``(False, cache.mask(T))``, the bool ``(T, S)`` mask of the cache's rule, or
+    ``(False, None)`` when every new query sees every key returned (one new token). The rule of
+    both layers (:class:`~selfattn.MultiHeadAttention`, :class:`~selfattn.MultiHeadLatentAttention`),
+    written once."""
+    if cache.is_plain_causal(T):
+        return True, None
+    return False, cache.mask(T, device=device)
 
 
 def _check_kv(k: object, v: object) -> tuple[Tensor, Tensor]:
@@ -122,7 +153,24 @@ def _bytes_per_token(k: Tensor, v: Tensor) -> int:
     return (k.shape[0] * k.shape[1] * k.shape[3] + v.shape[0] * v.shape[1] * v.shape[3]) * k.element_size()
 
 
-class KVCache(Cache):
+class _KeepsEveryToken(Cache):
+    """A cache that keeps every token, in order of position (:class:`KVCache`,
+    :class:`PagedKVCache`): ``append`` returns all ``length`` of them, the new ones last."""
+
+    def size_after(self, T: int) -> int:
+        return self.length + T
+
+    def mask(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
+        """The bottom-right causal mask: the new queries sit at ``S - T, ..., S - 1``; one new
+        query sees every key, so ``T == 1`` needs none."""
+        S = self.length
+        return None if T == 1 else causal_mask(T, S, offset=S - T, device=device)
+
+    def is_plain_causal(self, T: int) -> bool:
+        return self.length == T  # nothing was cached before these T tokens
+
+
+class KVCache(_KeepsEveryToken):
     """Every token's keys and values, for token-by-token decoding, in one contiguous buffer.
 
     Stores ``(B, n_kv_heads, C, head_dim)`` buffers, allocated at the first append with room for
@@ -150,7 +198,7 @@ class KVCache(Cache):
             self._v = v.new_empty(B, n_kv, cap, v.shape[-1])  # (B, n_kv, cap, hd_v)
         else:
             _check_like_stored("KVCache", k, v, self._k, self._v)
-            if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self._k, self._v)):
                 # autograd saved the views returned before: writing into their buffer would
                 # invalidate them, so build new buffers instead (a copy a step: gradients' price)
                 self._k = torch.cat([self._k[:, :, : self.length], k], dim=2)  # (B, n_kv, S, hd)
@@ -170,18 +218,6 @@ class KVCache(Cache):
         new = old.new_empty(*old.shape[:2], cap, old.shape[3])  # (B, n_kv, cap, hd)
         new[:, :, : self.length] = old[:, :, : self.length]
         return new
-
-    def size_after(self, T: int) -> int:
-        return self.length + T
-
-    def mask(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
-        """The bottom-right causal mask: the new queries sit at ``S - T, ..., S - 1``; one new
-        query sees every key, so ``T == 1`` needs none."""
-        S = self.length
-        return None if T == 1 else causal_mask(T, S, offset=S - T, device=device)
-
-    def is_plain_causal(self, T: int) -> bool:
-        return self.length == T  # nothing was cached before these T tokens
 
     @property
     def nbytes(self) -> int:
@@ -205,8 +241,9 @@ class BlockPool:
     Serving with PagedAttention", §4.1-4.2).
 
     ``k`` is ``(n_blocks, n_kv_heads, block_size, head_dim)`` and ``v``
-    ``(n_blocks, n_kv_heads, block_size, value_dim)`` (``value_dim`` defaults to ``head_dim``),
-    allocated once. A block holds ``block_size`` consecutive tokens of one sequence; a free list
+    ``(n_blocks, n_kv_heads, block_size, value_dim)`` (``value_dim`` defaults to ``head_dim``; 0
+    holds no values, as :class:`~selfattn.MultiHeadLatentAttention` without RoPE needs), allocated
+    once. A block holds ``block_size`` consecutive tokens of one sequence; a free list
     says which blocks no sequence uses. Memory is handed out a block at a time, as a sequence
     grows, the way an operating system pages virtual memory: a sequence wastes less than one
     block, where a contiguous cache reserves room for the longest sequence it might reach.
@@ -218,7 +255,8 @@ class BlockPool:
         for name, value in (("n_blocks", n_blocks), ("block_size", block_size),
                             ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             check_positive_int(value, name)
-        value_dim = head_dim if value_dim is None else check_positive_int(value_dim, "value_dim")
+        # value_dim may be 0: MLA without RoPE caches its latents as keys and nothing as values
+        value_dim = head_dim if value_dim is None else check_nonnegative_int(value_dim, "value_dim")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
         self.n_blocks, self.block_size = n_blocks, block_size
@@ -267,7 +305,7 @@ class BlockPool:
                 "are done (PagedKVCache.release) to give their blocks back, or make a larger pool")
 
 
-class PagedKVCache(Cache):
+class PagedKVCache(_KeepsEveryToken):
     """One sequence's keys and values, in blocks of a :class:`BlockPool` (PagedAttention, Kwon
     et al. 2023, §4.1-4.2).
 
@@ -311,12 +349,13 @@ class PagedKVCache(Cache):
         return self._gathered(self.pool.k), self._gathered(self.pool.v)
 
     def _gathered(self, store: Tensor) -> Tensor:
-        """This sequence's tokens of ``store`` (the pool's ``k`` or ``v``), in order."""
+        """This sequence's tokens of ``store`` (the pool's ``k`` or ``v``), in order: one gather,
+        a copy of exactly the tokens it holds."""
         table = torch.tensor(self.block_table, dtype=torch.long, device=store.device)
-        blocks = store[table]  # (n, H_kv, block_size, hd): this sequence's blocks, a copy
-        n, H_kv, size, width = blocks.shape
-        tokens = blocks.transpose(0, 1).reshape(H_kv, n * size, width)  # (H_kv, n * block_size, hd)
-        return tokens[None, :, : self.length]  # (1, H_kv, S, hd)
+        positions = torch.arange(self.length, device=store.device)  # (S,)
+        size = self.pool.block_size
+        tokens = store[table[positions // size], :, positions % size]  # (S, H_kv, hd): block, slot
+        return tokens.transpose(0, 1)[None]  # (1, H_kv, S, hd), a view
 
     def _checked(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         k, v = _check_kv(k, v)
@@ -338,17 +377,6 @@ class PagedKVCache(Cache):
         self.pool.free(self.block_table)
         self.block_table = []
         self.length = 0
-
-    def size_after(self, T: int) -> int:
-        return self.length + T
-
-    def mask(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
-        """As :meth:`KVCache.mask`: every token is kept, the new queries sit at the end."""
-        S = self.length
-        return None if T == 1 else causal_mask(T, S, offset=S - T, device=device)
-
-    def is_plain_causal(self, T: int) -> bool:
-        return self.length == T
 
     @property
     def nbytes(self) -> int:
@@ -382,16 +410,30 @@ class _RollingCache(Cache):
         first_recent = max(self.n_sink, P - self.window + 1)  # the oldest outside the sinks
         return range(min(self.n_sink, P)), range(min(first_recent, P), P)
 
+    def _slot(self, p: int) -> int:
+        """Where position ``p`` lives in the buffer (:meth:`_slots` for one, without a tensor)."""
+        return p if p < self.n_sink else self.n_sink + (p - self.n_sink) % self.window
+
     def _slots(self, positions: Tensor) -> Tensor:
         """Where each position lives in the buffer."""
         ring = self.n_sink + (positions - self.n_sink) % self.window
         return torch.where(positions < self.n_sink, positions, ring)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add ``T`` tokens; return the cached tokens the first new one may see, then the new
-        ones, in order of position: ``(B, H_kv, S, hd)``. While a chunk is processed that can be
-        up to ``n_sink + window - 1 + T`` tokens; afterwards the cache keeps only the sinks and
-        the last ``window``."""
+        """Add ``T`` tokens; return the keys and values the new queries attend to,
+        ``(B, H_kv, S, hd)``; afterwards the cache keeps only the sinks and the last ``window``.
+
+        One new token (decoding): it is written into its slot, over the token ``window``
+        positions before it, which it may not see, and the buffers themselves come back (views,
+        valid until the next ``append``): exactly the tokens it sees, in the order of their slots.
+        A single query's softmax and weighted sum do not depend on the order of the keys, and
+        the keys are stored already rotated (RoPE), so nothing is gathered or copied, whatever
+        the window (Mistral's rolling buffer).
+
+        A chunk of several, or one token while autograd records (writing into a buffer that
+        autograd saved views of would invalidate them): the cached tokens the first new one may
+        see, in order of position, then the new ones, a new tensor of up to
+        ``n_sink + window - 1 + T`` tokens, for the band mask of :meth:`mask`."""
         k, v = _check_kv(k, v)
         B, H_kv, T, _ = k.shape
         P, device = self.length, k.device
@@ -401,6 +443,15 @@ class _RollingCache(Cache):
             self._v = v.new_empty(B, H_kv, size, v.shape[3])  # (B, H_kv, n_sink + window, hd_v)
         else:
             _check_like_stored(type(self).__name__, k, v, self._k, self._v)
+        recorded = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (k, v, self._k, self._v))
+        if T == 1 and not recorded:
+            slot = self._slot(P)
+            self._k[:, :, slot : slot + 1] = k  # (B, H_kv, 1, hd)
+            self._v[:, :, slot : slot + 1] = v  # (B, H_kv, 1, hd_v)
+            self.length = P + 1
+            kept = min(P + 1, self.n_sink + self.window)  # the slots filled so far
+            return self._k[:, :, :kept], self._v[:, :, :kept]  # (B, H_kv, S, hd), views
         # the cached tokens the first new query may see, in order of position, then the new ones
         sinks, recent = self._seen(P)
         seen = torch.cat([torch.arange(sinks.start, sinks.stop, device=device),
@@ -483,8 +534,4 @@ class SinkCache(_RollingCache):
     """
 
     def __init__(self, n_sink: int, window: int) -> None:
-        if isinstance(n_sink, bool) or not isinstance(n_sink, int):
-            raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
-        if n_sink < 0:
-            raise ValueError(f"n_sink must be at least 0, got {n_sink}")
-        super().__init__(n_sink, check_positive_int(window, "window"))
+        super().__init__(check_nonnegative_int(n_sink, "n_sink"), check_positive_int(window, "window"))

@@ -46,7 +46,10 @@ def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mas
 
     It must broadcast to ``target`` (the shape of the scores). Integer masks and float masks
     holding only 0 and 1 are rejected: both are almost always a boolean mask in disguise, and
-    adding 1 to the allowed scores would silently mask nothing.
+    adding 1 to the allowed scores would silently mask nothing. The 0/1 scan reads the mask's
+    values, so it runs only on a CPU mask: on a GPU, a Python ``bool`` of a tensor waits for the
+    device (a synchronisation at every call), and a check must not cost that. It is one pass
+    (the smallest and largest value) and a second only when those are 0 and 1.
     """
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(attn_mask).__name__}")
@@ -55,9 +58,10 @@ def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mas
             f"{name} must be bool (True = may attend) or float (added to the scores), "
             f"got dtype {attn_mask.dtype}; use mask.bool() if 1 means 'may attend'"
         )
-    if attn_mask.is_floating_point() and attn_mask.numel() > 0:
-        zero_one = (attn_mask == 0) | (attn_mask == 1)
-        if bool(zero_one.all()) and bool((attn_mask == 1).any()):
+    if attn_mask.is_floating_point() and attn_mask.numel() > 0 and attn_mask.device.type == "cpu":
+        low, high = torch.aminmax(attn_mask)
+        if (low.item(), high.item()) == (0.0, 1.0) and bool(
+                ((attn_mask == 0) | (attn_mask == 1)).all()):
             raise TypeError(
                 f"{name} is a float tensor holding only 0 and 1 (shape {tuple(attn_mask.shape)}): "
                 "a float mask is added to the scores, so this masks nothing. Pass a bool mask "
@@ -92,6 +96,15 @@ def check_positive_int(value: object, name: str, most: int | None = None) -> int
         raise ValueError(f"{name} must be positive, got {value}")
     if most is not None and value > most:
         raise ValueError(f"{name} must be at most {most}, got {value}")
+    return value
+
+
+def check_nonnegative_int(value: object, name: str) -> int:
+    """Check an integer that may be 0 (a count of optional things)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be at least 0, got {value}")
     return value
 
 

@@ -3,47 +3,58 @@ r"""The fast paths of :class:`~selfattn.MultiHeadAttention`: the same numbers, c
 :func:`attend_heads` is the attention of every head of the layer. Its readable computation is
 :func:`~selfattn.heads.repeat_kv` for grouped heads, then :func:`selfattn.attention.attend` when
 the weights are asked for, or PyTorch's fused ``F.scaled_dot_product_attention`` when they are
-not. A fast path computes the same result another way, and runs only where its condition, which
-sees the whole call (:class:`Call`), holds:
+not (:func:`_default`: without weights the default *is* PyTorch's kernel). A fast path computes
+the same result another way, and runs only where its condition, which sees the whole call
+(:class:`Call`), holds:
 
 ====================  ==========================================================================
 path                  runs when ``ENABLED[path]`` and
 ====================  ==========================================================================
-``grouped_heads``     there are more query heads than key/value heads (GQA, MQA)
+``grouped_heads``     there are more query heads than key/value heads (GQA, MQA), and the
+                      weights are asked for, or one query and no causal mask (decoding), or
+                      PyTorch's fused kernel takes the grouped heads as they are (a CPU; on
+                      CUDA, as PyTorch's own checks say)
 ``inplace_softmax``   the weights are asked for; on a CPU
 ``split_kv``          no weights; no mask, not causal, no dropout; nothing to differentiate (the
                       kernel gives no gradient for the log-sum-exp that merges the parts); on
-                      a CPU; batch 1; at most ``SPLIT_KV_MAX_QUERIES`` queries (a group's
-                      stacked); at least ``SPLIT_KV_MIN_KEYS`` keys; at least two threads per
-                      key/value head; PyTorch's CPU flash kernel, with its log-sum-exp, exists
-(readable)            otherwise
+                      a CPU; one query head per key/value head (after ``grouped_heads``); batch
+                      1; at most ``SPLIT_KV_MAX_QUERIES`` queries (a group's stacked); at least
+                      ``SPLIT_KV_MIN_KEYS`` keys; at least two threads per key/value head;
+                      PyTorch's CPU flash kernel, with its log-sum-exp, exists
+(default)             otherwise
 ====================  ==========================================================================
 
 ``grouped_heads`` is a step on the call, taken first: it decides how the query heads meet their
 key/value head (the readable way copies the keys, :func:`~selfattn.heads.repeat_kv`). Then the
-first kernel of :data:`KERNELS` whose condition holds runs, else the readable one:
+first kernel of :data:`KERNELS` whose condition holds runs, else the default one:
 
-* ``grouped_heads``: GQA and MQA without copying the keys: the query heads that share a
-  key/value head are stacked along the sequence axis and attend to it in one product (a causal
-  mask becomes a bool mask, regrouped like the queries). During decoding the copy would move as
-  many bytes as MHA's whole cache.
+* ``grouped_heads``: GQA and MQA without copying the keys (during decoding the copy would move
+  as many bytes as MHA's whole cache), in one of two ways. One new query (decoding) with no
+  causal mask, or the weights asked for: the group's query heads are stacked along the sequence
+  axis and attend to their key/value head in one product (decoding needs no mask: a padding
+  mask is the same for every head of a group; with the weights, a mask is regrouped like the
+  queries, ``(g*L, S)``, a fraction of the ``(H, L, S)`` weights). Otherwise, without weights:
+  PyTorch's kernel gets the key/value heads as they are, ``enable_gqa=True``, with
+  ``is_causal`` passed on, so a causal prefill or training step reaches the kernel with no mask
+  tensor and never holds an ``(L, S)`` one (stacking it would turn ``is_causal`` into a
+  ``(g*L, S)`` mask). Where the fused kernel would fall back to its math backend on grouped
+  heads (CUDA, by PyTorch's version, GPU and dtype), the path does not run and the readable copy
+  does: cheaper than the ``(L, S)`` scores that backend holds.
 * ``inplace_softmax``: the masks overwrite the scores' own buffer instead of allocating new
   ``(L, S)`` ones, and so does the softmax where there is nothing to differentiate (grad mode
   off, or no input and no mask requiring grad; autograd keeps the softmax's output for the
-  backward pass). It is :func:`selfattn.attention._masked_softmax` with ``inplace=True``: the
-  masks mean what they mean on the readable path, written once.
+  backward pass). The masks are read by :func:`selfattn.attention._mask_terms`, as on the
+  readable path, so they mean the same.
 * ``split_kv``: decoding on a CPU with fewer (batch, key/value head) pairs than threads splits the
   cache into parts computed side by side, merged by their log-sum-exp ("flash-decoding",
   Dao et al. 2023), so MQA uses every core (:func:`decode_attention`).
 
-One more kernel runs only when asked for, inside ``with triton_kernel():`` (:func:`triton_kernel`):
-``triton``, the fused kernel of :mod:`selfattn.triton_attention`, first in the table while the
-block lasts.
-
 Each can be switched off (:func:`disabled`), is tested equal to the readable computation with
 every argument its condition reads (tests/test_fastpaths.py), and is kept only because
 ``make bench`` times the layer with it and without it, side by side, and the difference is worth
-having (:func:`selfattn.book.bench.fastpath_benchmark`).
+having (:func:`selfattn.book.performance.fastpath_benchmark`); what each call may allocate, and
+what reaches PyTorch's kernel, is asserted in tests/test_costs.py. The Triton kernel
+(:mod:`selfattn.triton_attention`) is not a path of this table: it is called as a function.
 """
 
 from __future__ import annotations
@@ -59,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _weights_and_output
+from .attention import _mask_terms, _weighted_sum
 from .attention import attend as readable_attend
 from .heads import _repeat_kv
 from .masks import causal_mask
@@ -156,8 +167,8 @@ def attend_heads(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = 
                    need_weights=need_weights)
     # heads: every query head, or every group of them stacked, meets one key/value head
     call = GROUPED_HEADS.run(call) if _chosen(GROUPED_HEADS, call) else _copy_kv_heads(call)
-    # kernel: the first fast path whose condition holds, else the readable computation
-    kernel = next((path.run for path in KERNELS if _chosen(path, call)), _readable)
+    # kernel: the first fast path whose condition holds, else the default computation
+    kernel = next((path.run for path in KERNELS if _chosen(path, call)), _default)
     out, weights = kernel(call)  # (B, H or H_kv, L or g*L, hd), the weights likewise over S
     return out.reshape(B, H, L, -1), None if weights is None else weights.reshape(B, H, L, S)
 
@@ -166,12 +177,16 @@ def _chosen(path: FastPath, call: Call) -> bool:
     return ENABLED[path.name] and path.eligible(call)
 
 
-def _readable(c: Call) -> tuple[Tensor, Tensor | None]:
+def _default(c: Call) -> tuple[Tensor, Tensor | None]:
+    """The computation when no fast path runs: the readable :func:`~selfattn.attention.attend`
+    when the weights are asked for (one key/value head per query head by then), else PyTorch's
+    fused kernel, which takes grouped key/value heads as they are (``enable_gqa``)."""
     if c.need_weights:
         return readable_attend(c.q, c.k, c.v, attn_mask=c.attn_mask, dropout_p=c.dropout_p,
                                is_causal=c.is_causal)
     out = F.scaled_dot_product_attention(c.q, c.k, c.v, attn_mask=c.attn_mask,
-                                         dropout_p=c.dropout_p, is_causal=c.is_causal)
+                                         dropout_p=c.dropout_p, is_causal=c.is_causal,
+                                         enable_gqa=c.group_size > 1)
     return out, None
 
 
@@ -183,9 +198,51 @@ def _copy_kv_heads(c: Call) -> Call:
     return replace(c, k=_repeat_kv(c.k, g), v=_repeat_kv(c.v, g))  # (B, H, S, hd) each
 
 
+def _grouped_eligible(c: Call) -> bool:
+    return c.group_size > 1 and (_stacks(c) or _fused_takes_groups(c))  # weights: stacked
+
+
+def _stacks(c: Call) -> bool:
+    """Stack the group's query heads: the weights are asked for (their ``(H, L, S)`` dwarf a
+    regrouped mask), or one new query and no causal mask (decoding: no mask is built)."""
+    return c.need_weights or (c.q.shape[2] == 1 and not c.is_causal)
+
+
+def _fused_takes_groups(c: Call) -> bool:
+    """Whether PyTorch's fused attention takes this call's grouped key/value heads as they are
+    (``enable_gqa=True``) without falling back to its math backend, which would hold the
+    ``(L, S)`` scores. On a CPU its flash kernel does. On CUDA it depends on the version, the
+    GPU and the dtype (FlashAttention needs ``sm_80`` and half precision; the memory-efficient
+    kernel takes grouped heads only in recent versions), so PyTorch's own checks are asked; where
+    neither fused kernel would run, copying the keys (the readable way) costs far less.
+    Elsewhere (MPS), the copy too."""
+    if c.q.device.type == "cpu":
+        return True
+    if c.q.device.type != "cuda":
+        return False
+    try:
+        from torch.backends.cuda import (
+            SDPAParams,
+            can_use_efficient_attention,
+            can_use_flash_attention,
+        )
+
+        params = SDPAParams(c.q, c.k, c.v, c.attn_mask, c.dropout_p, c.is_causal, True)
+        return bool(can_use_flash_attention(params) or can_use_efficient_attention(params))
+    except (ImportError, TypeError, RuntimeError):  # an older PyTorch: copy, never wrong
+        return False
+
+
+def _share_kv_heads(c: Call) -> Call:
+    """``grouped_heads``' step: the call with each group's query heads stacked where
+    :func:`_stacks` says; otherwise the call as it is, for PyTorch's ``enable_gqa``."""
+    return _stack_groups(c) if _stacks(c) else c
+
+
 def _stack_groups(c: Call) -> Call:
     """The query heads of each group stacked along the sequence, ``(B, H_kv, g*L, hd)``, with the
-    mask regrouped to match: the group attends to its key/value head in one product."""
+    mask regrouped to match (a causal mask becomes a bool one, regrouped like the queries): the
+    group attends to its key/value head in one product."""
     B, H, L, hd = c.q.shape
     g = c.group_size
     mask = causal_mask(L, c.k.shape[2], device=c.q.device) if c.is_causal else c.attn_mask
@@ -208,11 +265,27 @@ def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
 def _inplace_softmax(c: Call) -> tuple[Tensor, Tensor]:
     """:func:`selfattn.attention.attend`, with one ``(..., L, S)`` buffer for the scores, then the
     masked scores, then (where autograd records nothing) the weights."""
-    dtype = torch.promote_types(c.q.dtype, torch.float32)
+    dtype = torch.promote_types(c.q.dtype, torch.float32)  # the readable path's softmax dtype
     scale = 1.0 / math.sqrt(c.q.shape[-1])
-    scores = (c.q.to(dtype) * scale) @ c.k.to(dtype).transpose(-2, -1)  # (..., L, S)
-    return _weights_and_output(scores, c.v, attn_mask=c.attn_mask, is_causal=c.is_causal,
-                               dropout_p=c.dropout_p, inplace=True)  # (..., L, hd), (..., L, S)
+    scores = (c.q.to(dtype) * scale) @ c.k.to(dtype).transpose(-2, -1)  # (..., L, S): ours alone
+    L, S = scores.shape[-2:]
+    bias, keep = _mask_terms(c.attn_mask, c.is_causal, L, S, dtype=dtype, device=scores.device)
+    if bias is not None:  # in place unless the mask's dtype would widen the scores
+        same = torch.promote_types(scores.dtype, bias.dtype) == scores.dtype
+        scores = scores.add_(bias) if same else scores + bias  # (..., L, S)
+    dead = None
+    if keep is not None:
+        scores.masked_fill_(~keep, float("-inf"))  # blocked keys get no weight
+        dead = ~keep.any(dim=-1, keepdim=True)  # (..., L, 1): rows with no key left
+        scores.masked_fill_(dead, 0.0)
+    recorded = torch.is_grad_enabled() and scores.requires_grad  # autograd keeps the softmax out
+    if recorded or scores.dtype != dtype:
+        weights = torch.softmax(scores, dim=-1, dtype=dtype)  # (..., L, S)
+    else:  # no public out= form of softmax
+        weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # (..., L, S)
+    if dead is not None:  # zeros, not 0/0 = NaN
+        weights = weights.masked_fill(dead, 0.0) if recorded else weights.masked_fill_(dead, 0.0)
+    return _weighted_sum(weights, c.v, c.dropout_p)  # (..., L, hd), (..., L, S)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -233,7 +306,8 @@ def _split_kv(c: Call) -> tuple[Tensor, None]:
 
 def _split_kv_eligible(c: Call) -> bool:
     return (not c.need_weights and c.mask == "none" and not c.is_causal and c.dropout_p == 0.0
-            and not c.differentiable and _split_kv_chunks(c.q, c.k, c.threads) > 1)
+            and not c.differentiable and c.group_size == 1
+            and _split_kv_chunks(c.q, c.k, c.threads) > 1)
 
 
 def _split_kv_chunks(q: Tensor, k: Tensor, threads: int) -> int:
@@ -285,43 +359,8 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
     return (out * share[..., None]).sum(0, keepdim=True)  # (1, H_kv, n, hd)
 
 
-def _triton_eligible(c: Call) -> bool:
-    from .triton_attention import INTERPRETED
-
-    return (not c.need_weights and c.attn_mask is None and c.dropout_p == 0.0
-            and c.q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and c.q.shape[-1] == c.v.shape[-1]
-            and (c.q.device.type == "cuda" or INTERPRETED))
-
-
-def _triton(c: Call) -> tuple[Tensor, None]:
-    from . import triton_attention
-
-    return triton_attention.triton_attention(c.q, c.k, c.v, is_causal=c.is_causal), None
-
-
-TRITON = FastPath("triton", _triton_eligible, _triton)
-
-
-@contextlib.contextmanager
-def triton_kernel() -> Iterator[None]:
-    """Inside a ``with`` block, the layer's attention runs the Triton kernel
-    (:mod:`selfattn.triton_attention`) wherever it applies: no weights, no mask tensor (causal
-    is fine), no dropout, on a CUDA GPU or under Triton's interpreter. The one path that is off
-    unless asked for: it imports ``triton``, which only Linux has, and compiles on first use."""
-    from . import triton_attention  # noqa: F401  (imports triton: fails here, clearly, without it)
-
-    KERNELS.insert(0, TRITON)
-    ENABLED["triton"] = True
-    try:
-        yield
-    finally:
-        KERNELS.remove(TRITON)
-        del ENABLED["triton"]
-
-
 # The table: each path's condition and what it runs (the module docstring says them in words).
-GROUPED_HEADS = FastPath("grouped_heads", lambda c: c.group_size > 1, _stack_groups)
+GROUPED_HEADS = FastPath("grouped_heads", _grouped_eligible, _share_kv_heads)
 SPLIT_KV = FastPath("split_kv", _split_kv_eligible, _split_kv)
 KERNELS = [
     FastPath("inplace_softmax", lambda c: c.need_weights and c.on_cpu, _inplace_softmax),

@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend
-from .cache import Cache
+from .attention import _masked_softmax, attend
+from .cache import Cache, causal_after_append
 from .checks import check_positive_int, check_tensor
 from .heads import _merge_heads, _split_heads
 from .positional import _apply_rope
@@ -125,18 +125,28 @@ class MultiHeadLatentAttention(nn.Module):
         ``kv_rank + rope_dim``; multi-head attention caches ``2 * n_heads * head_dim``."""
         return self.kv_rank + self.rope_dim
 
-    def forward(self, x: Tensor, *, is_causal: bool = False, cache: Cache | None = None,
+    def forward(self, x: Tensor, *, is_causal: bool = False, kv_cache: Cache | None = None,
                 absorb: bool = False) -> Tensor:
         """Self-attention over ``x`` (B, L, d_model); returns ``(B, L, d_model)``.
 
-        ``is_causal``: token ``i`` sees tokens up to its own position. ``cache``: a
-        :class:`~selfattn.cache.KVCache` for this layer and batch (or another
-        :class:`~selfattn.cache.Cache`: a sliding window, attention sinks). It holds the latents
+        ``is_causal``: token ``i`` sees tokens up to its own position. ``kv_cache``: any
+        :class:`~selfattn.cache.Cache` for this layer and batch (every token, paged, a sliding
+        window, attention sinks), as ``MultiHeadAttention.forward``'s. It holds the latents
         ``(B, 1, T, kv_rank)`` as its keys and the rotated shared rope keys
-        ``(B, 1, T, rope_dim)`` as its values (zero wide without RoPE). The ``L`` new tokens sit
-        at positions ``cache.length .. cache.length + L - 1``, are appended, and attend to the
-        tokens the cache returns: under ``is_causal`` those its ``mask`` allows (the
-        bottom-right causal mask for a ``KVCache``), else all of them.
+        ``(B, 1, T, rope_dim)`` as its values (zero wide without RoPE: a
+        :class:`~selfattn.cache.BlockPool` then has ``value_dim=0``). The ``L`` new tokens sit at
+        positions ``kv_cache.length .. kv_cache.length + L - 1``, are appended, and attend to the
+        tokens the cache returns: under ``is_causal`` those its rule allows
+        (:func:`~selfattn.cache.causal_after_append`), else all of them.
+
+        What it costs (tests/test_costs.py): the readable attention, whose ``(B, H, L, S)``
+        scores are computed whole; a causal call without a cache builds the ``(L, S)`` causal
+        mask. The explicit form also up-projects every cached latent to every head's keys and
+        values at each call, ``(B, H, S, head_dim)`` each; the absorbed one reads the cache as
+        it is (no copy per head, none per step; in float16 or bfloat16 it multiplies in float32,
+        as :func:`~selfattn.attention.attend` does, so it reads a float32 copy of the latents),
+        which is why decoding uses it, but recomputes its two matrices at each call
+        (:meth:`absorbed_weights`; a server computes them once).
 
         ``absorb``: compute with $W^{UK}$ absorbed into the query and $W^{UV}$ into the output
         projection (the decode form, :meth:`absorbed_weights`) instead of up-projecting every
@@ -144,9 +154,9 @@ class MultiHeadLatentAttention(nn.Module):
         rounding and share one cache (a prompt can be read in the explicit form and the answer
         decoded in the absorbed one).
         """
-        self._check_inputs(x, cache, is_causal, absorb)
+        self._check_inputs(x, kv_cache, is_causal, absorb)
         L = x.shape[1]
-        P = 0 if cache is None else cache.length  # tokens already in the cache
+        P = 0 if kv_cache is None else kv_cache.length  # tokens already in the cache
         positions = torch.arange(P, P + L, device=x.device)  # the new tokens' positions
 
         # compress: one latent per token, shared by every head
@@ -154,15 +164,13 @@ class MultiHeadLatentAttention(nn.Module):
         # rotate: the decoupled position parts, a query part per head and one shared key
         q_rope, k_rope = self._rope_parts(x, positions)  # (B, H, L, dr), (B, 1, L, dr)
         # cache: what a token leaves behind is its latent and its rotated rope key
-        if cache is not None:
-            latent, k_rope = cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
-        # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
-        # 0..S-1; after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
-        # keys), so the cache says which returned keys each new query sees (None: all of them)
+        if kv_cache is not None:
+            latent, k_rope = kv_cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
+        # mask: after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
+        # keys), so the cache's rule says which returned keys each new query sees
         attn_mask = None
-        if is_causal and cache is not None and not cache.is_plain_causal(L):
-            is_causal = False
-            attn_mask = cache.mask(L, device=x.device)  # (L, S) or None
+        if is_causal and kv_cache is not None:
+            is_causal, attn_mask = causal_after_append(kv_cache, L, device=x.device)  # (L, S) or None
         # attend, merge heads, project out
         if absorb:
             return self._absorbed(x, q_rope, latent, k_rope, attn_mask, is_causal)
@@ -199,16 +207,27 @@ class MultiHeadLatentAttention(nn.Module):
 
     def _absorbed(self, x: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor,
                   attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """Attend in the latent space: every head's query meets the cached latents themselves."""
+        r"""Attend in the latent space: every head's query meets the cached latents themselves.
+
+        A score is a content part and a position part, $\tilde q_{t,i}^\top c_j +
+        q^{R\top}_{t,i} k^R_j$: two products over the cache as it is (one concatenated key
+        $[c_j; k^R_j]$ would copy the whole cache at every step). Every head meets the one
+        latent head, as in MQA: the heads' queries are stacked into one product with it
+        (broadcasting the latents over the heads would copy them once per head)."""
         w = self.absorbed_weights()
-        q = _split_heads(F.linear(x, w.query, w.query_bias), self.n_heads)  # (B, H, L, r)
-        q = torch.cat([q, q_rope], dim=-1)  # (B, H, L, r + dr)
-        k = torch.cat([latent, k_rope], dim=-1)  # (B, 1, S, r + dr): one key head for all
-        # every head attends to the one latent head (broadcast over H, as in MQA); the values
-        # are the latents themselves, and the scale stays that of a head's full query
-        out, _ = attend(q, k, latent, attn_mask=attn_mask, is_causal=is_causal,
-                        scale=self.scale)  # (B, H, L, r)
-        return F.linear(_merge_heads(out), w.output, w.output_bias)  # (B, L, d_model)
+        B, L, _ = x.shape
+        H, r, S = self.n_heads, self.kv_rank, latent.shape[2]
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision multiplied in fp32
+        q = _split_heads(F.linear(x, w.query, w.query_bias), H)  # (B, H, L, r)
+        q = q.reshape(B, 1, H * L, r).to(dtype) * self.scale  # (B, 1, H*L, r): heads stacked
+        scores = q @ latent.to(dtype).transpose(-2, -1)  # (B, 1, H*L, S): the content part
+        if self.rope_dim:
+            q_r = q_rope.reshape(B, 1, H * L, self.rope_dim).to(dtype) * self.scale  # (B, 1, H*L, dr)
+            scores = scores + q_r @ k_rope.to(dtype).transpose(-2, -1)  # ... plus the position part
+        weights = _masked_softmax(scores.view(B, H, L, S), attn_mask, is_causal)  # (B, H, L, S)
+        out = weights.to(latent.dtype).view(B, 1, H * L, S) @ latent  # (B, 1, H*L, r): sums of latents
+        # the scale stays that of a head's full query; the output projection has W^UV folded in
+        return F.linear(_merge_heads(out.view(B, H, L, r)), w.output, w.output_bias)  # (B, L, d_model)
 
     def absorbed_weights(self) -> AbsorbedWeights:
         r"""$W^{UK}$ absorbed into $W^Q$ and $W^{UV}$ into $W^O$ (§2.1.2), computed from the
@@ -234,7 +253,7 @@ class MultiHeadLatentAttention(nn.Module):
             output_bias = self.out_proj.bias + self.out_proj.weight @ self.v_up.bias  # (d,)
         return AbsorbedWeights(query, query_bias, output, output_bias)
 
-    def _check_inputs(self, x: Tensor, cache: Cache | None, is_causal: bool,
+    def _check_inputs(self, x: Tensor, kv_cache: Cache | None, is_causal: bool,
                       absorb: bool) -> None:
         check_tensor(x, "x")
         if x.dim() != 3:
@@ -247,6 +266,6 @@ class MultiHeadLatentAttention(nn.Module):
         for name, flag in [("is_causal", is_causal), ("absorb", absorb)]:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if cache is not None and not isinstance(cache, Cache):
-            raise TypeError("cache must be a selfattn.cache.Cache (a KVCache, or SlidingWindowCache, "
-                            f"SinkCache), got {type(cache).__name__}")
+        if kv_cache is not None and not isinstance(kv_cache, Cache):
+            raise TypeError("kv_cache must be a selfattn.cache.Cache (KVCache, PagedKVCache, "
+                            f"SlidingWindowCache, SinkCache), got {type(kv_cache).__name__}")

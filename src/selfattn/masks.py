@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_positive_int
+from .checks import check_nonnegative_int, check_positive_int
 
 
 def causal_mask(
@@ -51,10 +51,7 @@ def causal_mask(
     S = L if S is None else check_positive_int(S, "S")
     if window is not None:
         check_positive_int(window, "window")
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int):
-        raise TypeError(f"n_sink must be an int, got {type(n_sink).__name__}")
-    if n_sink < 0:
-        raise ValueError(f"n_sink must be at least 0, got {n_sink}")
+    check_nonnegative_int(n_sink, "n_sink")
     if n_sink and window is None:
         raise ValueError(f"n_sink={n_sink} keeps keys visible outside a window: give window too "
                          "(without one every earlier key is visible anyway)")

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from . import fastpaths
-from .cache import Cache
+from .cache import Cache, causal_after_append
 from .checks import check_dropout, check_mask, check_positive_int, check_tensor
 from .heads import _merge_heads, _split_heads, repeat_kv
 from .masks import causal_mask
@@ -143,12 +143,25 @@ class MultiHeadAttention(nn.Module):
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
         bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
         ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
-        ``P`` tokens, the new queries sit at positions ``P..P+L-1`` (and ``key`` must hold the
-        same ``L`` tokens). ``kv_cache``: any :class:`~selfattn.cache.Cache`; the new keys and
-        values are appended to it and attention covers the keys it returns, ``S =
-        kv_cache.size_after(L)`` of them (``attn_mask`` is over those), each new query seeing
-        those the cache's :meth:`~selfattn.cache.Cache.mask` allows under ``is_causal``, and
-        every one without it.
+        ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: any
+        :class:`~selfattn.cache.Cache`, for self-attention only (``key`` and ``value`` left out,
+        or ``query`` itself; anything else is a ``ValueError``: a cache would append a
+        cross-attention memory again at every step); the new keys and values are appended to it
+        and attention covers the keys it returns, ``S = kv_cache.size_after(L)`` of them
+        (``attn_mask`` is over those), each new query seeing those the cache's rule allows under
+        ``is_causal`` (:func:`~selfattn.cache.causal_after_append`), and every one without it.
+
+        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in the
+        order the cache returns them (:meth:`~selfattn.cache.Cache.append`).
+
+        What reaches the kernel (tests/test_costs.py): a plain causal call (no mask, no cache,
+        or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
+        tensor, with every head layout (MHA, GQA, MQA); a mask is built only when ``attn_mask``
+        is given (the causal rule folded into it, in its shape broadcast with ``(L, S)``) or
+        for several new tokens after a cache (the cache's ``(L, S)`` booleans), never one per
+        head. A causal call without weights, mask or cache holds no ``(L, S)`` tensor of its
+        own; PyTorch's CPU kernel does, in its math backend, for dropout or a mask that requires
+        grad.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -175,9 +188,9 @@ class MultiHeadAttention(nn.Module):
         S = k.shape[2]
         if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
             attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
-        if is_causal and kv_cache is not None and not kv_cache.is_plain_causal(L):
-            is_causal = False
-            attn_mask = _and(attn_mask, kv_cache.mask(L, device=q.device))  # None: no mask needed
+        if is_causal and kv_cache is not None:
+            is_causal, keep = causal_after_append(kv_cache, L, device=q.device)
+            attn_mask = _and(attn_mask, keep)  # keep None: no mask needed
         if is_causal and attn_mask is not None:  # SDPA takes one or the other: fold causal in
             is_causal = False
             attn_mask = _and(attn_mask, causal_mask(L, S, device=q.device))
@@ -215,10 +228,14 @@ class MultiHeadAttention(nn.Module):
                 "kv_cache must be a selfattn.cache.Cache (KVCache, PagedKVCache, SlidingWindowCache, "
                 f"SinkCache), got {type(kv_cache).__name__}"
             )
-        if kv_cache is not None and is_causal and key.shape[1] != query.shape[1]:
+        if kv_cache is not None and (key is not query or value is not query):
             raise ValueError(
-                "with a kv_cache and is_causal, the new queries are the new keys' tokens: query and "
-                f"key must have the same length, got {tuple(query.shape)} and {tuple(key.shape)}"
+                "a kv_cache holds the layer's own tokens (self-attention): call the layer with "
+                "query alone (key and value default to it) or with key and value the same tensor "
+                f"as query; got key of shape {tuple(key.shape)} and value of shape "
+                f"{tuple(value.shape)} for query of shape {tuple(query.shape)}. For "
+                "cross-attention, pass the memory as key and value without a cache: its keys and "
+                "values do not grow, and a cache would append them again at every step"
             )
         if attn_mask is not None:
             S = key.shape[1] if kv_cache is None else kv_cache.size_after(key.shape[1])

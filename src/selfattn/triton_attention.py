@@ -21,13 +21,14 @@ $O(L + S)$ memory as well.
 
 Block sizes are fixed per GPU, not autotuned (every configuration tried costs a compile):
 on compute capability below 8.0 (a T4 is 7.5) ``tl.dot`` has no tensor cores in Triton 3.2 and
-later and large tiles spill registers, so the tiles are 32 x 32; from 8.0 on, 128 x 64 in half
+later and large tiles spill registers, so the tiles are 32 x 16; from 8.0 on, 128 x 64 in half
 precision (:func:`config_for`). Float32 is multiplied in full float32, not TF32.
 
 Needs a CUDA GPU, or Triton's interpreter on CPU tensors: set ``TRITON_INTERPRET=1`` before
 anything imports ``triton`` (``tests/test_triton.py`` does; the interpreter runs each program one
 after the other, in numpy, for checking, not for speed). ``import selfattn`` does not import this
-module; :func:`selfattn.fastpaths.triton_kernel` routes a layer's attention here when asked.
+module, and no layer routes to it: it is called as a function (chapter 9 and
+``selfattn.book.performance.gpu_kernels`` do).
 """
 
 from __future__ import annotations
@@ -122,18 +123,23 @@ class Config:
 def config_for(capability: tuple[int, int] | None, head_dim: int = 64,
                dtype: torch.dtype = torch.float16) -> Config:
     """The sizes for a CUDA GPU of this compute ``capability`` (``None``: the interpreter),
-    head size and dtype. Below 8.0 (a T4 is 7.5): 32 x 32 tiles, one stage (no asynchronous
-    copies there), which compile without spilling registers and use a fraction of the 64 KiB
-    of shared memory. From 8.0: 128 x 64 tiles and three stages for half precision up to head
-    size 64; 64 x 32, eight warps and two stages for float32 or larger heads, whose tiles take
-    twice the bytes (with four warps, float32 spills registers). ``tests/test_triton.py``
-    compiles each for a T4 and for compute capability 8.0 and checks the memory and the
-    spills. The interpreter: 32 x 32, so that small test inputs still span several tiles."""
-    if capability is None or capability[0] < 8:
+    head size and dtype. Below 8.0 (a T4 is 7.5): 32 x 16 tiles, four warps, one stage (no
+    asynchronous copies there): at head sizes 64 and 128, in float16, bfloat16 and float32, they
+    compile without spilling registers with Triton 3.6 (what Colab pairs with torch 2.11) and
+    3.7 alike, where 32 x 32 spills at head size 128 (and with 3.6 at 64 in half precision).
+    From 8.0: 128 x 64 tiles, eight warps and three stages for half precision up to head size 64
+    (four warps spill a few bytes with Triton 3.6); 64 x 32, eight warps and two stages for
+    float32 or larger heads, whose tiles take twice the bytes. ``tests/test_triton.py`` compiles
+    each for a T4 and for compute capability 8.0 and checks the shared memory and the spills;
+    ``make gpu-rehearsal`` does it again with Triton 3.6 (tools/triton_aot.py). The
+    interpreter: 32 x 32, so that small test inputs still span several tiles."""
+    if capability is None:
         return Config(32, 32, 4, 1)
+    if capability[0] < 8:
+        return Config(32, 16, 4, 1)
     if dtype == torch.float32 or head_dim > 64:
         return Config(64, 32, 8, 2)
-    return Config(128, 64, 4, 3)
+    return Config(128, 64, 8, 3)
 
 
 def _config(q: Tensor) -> Config:

@@ -1,7 +1,11 @@
-"""``make bench``: every benchmark of chapters 7 and 9, measured side by side in one run.
+"""``make bench``: every benchmark of chapters 7 and 9, measured side by side in one run, and the
+library's costs at full size.
 
 The benchmarks are the topics' (:mod:`.performance` for chapter 9, :mod:`.multi_head` for
-chapter 7), the measuring tools :mod:`.kit.measure`'s. Each benchmark returns rows (dicts) that
+chapter 7), the measuring tools :mod:`.kit.measure`'s; :func:`prefill_benchmark` and
+:func:`cache_step_benchmark` are this module's own: what tests/test_costs.py asserts at small
+sizes (no quadratic mask for a causal GQA/MQA prefill, no copy of a window per decoding step),
+timed and measured at the sizes the book talks about. Each benchmark returns rows (dicts) that
 the chapters print and plot; each ``*_targets`` function turns a benchmark's rows into the
 library's speed targets (:class:`Target`: a ratio of two times measured in the same run, and its
 goal). :func:`main` runs
@@ -17,7 +21,10 @@ import pathlib
 
 import torch
 
-from .kit.measure import decode_bytes, fit_exponent
+from .. import fastpaths
+from ..cache import BlockPool, KVCache, PagedKVCache, SinkCache, SlidingWindowCache
+from ..multihead import MultiHeadAttention
+from .kit.measure import compare, decode_bytes, fit_exponent, peak_memory
 from .multi_head import decode_benchmark, decode_table
 from .performance import (
     CAUSAL,
@@ -155,6 +162,121 @@ def fastpath_targets(rows: list[dict]) -> list[Target]:
             for r in rows]
 
 
+def prefill_benchmark(L: int = 4096, d_model: int = 512, n_heads: int = 8,
+                      kv_heads: tuple[int, ...] = (2, 1), repeats: int = 7,
+                      min_sample_s: float = 0.2, seed: int = 0) -> list[dict]:
+    """A causal prefill of one sequence of ``L`` tokens through a GQA and an MQA layer, no grad:
+    the default call against the same call with every fast path off
+    (``fastpaths.disabled(*fastpaths.ENABLED)``, the readable copy of the key/value heads), timed
+    side by side; the peak bytes of tensors each holds (:func:`~.kit.measure.peak_memory`); and
+    ``qkvo_mib``, the bytes of the layer's q, k, v and attention output, what the call cannot do
+    without."""
+    torch.manual_seed(seed)
+    head_dim = d_model // n_heads
+    x = torch.randn(1, L, d_model)
+    rows = []
+    with torch.no_grad():
+        for kv in kv_heads:
+            layer = MultiHeadAttention(d_model, n_heads, n_kv_heads=kv).eval()
+
+            def default(layer=layer):
+                return layer(x, is_causal=True)
+
+            def off(layer=layer):
+                with fastpaths.disabled(*fastpaths.ENABLED):
+                    return layer(x, is_causal=True)
+
+            times = compare({"default": default, "off": off}, repeats, min_sample_s=min_sample_s)
+            qkvo = L * head_dim * (2 * n_heads + 2 * kv) * 4
+            rows.append({"variant": "MQA" if kv == 1 else f"GQA-{kv}", "L": L, "n_kv_heads": kv,
+                         "ms": 1e3 * times["default"].median, "ms_off": 1e3 * times["off"].median,
+                         "peak_mib": peak_memory(default) / 2**20,
+                         "peak_mib_off": peak_memory(off) / 2**20, "qkvo_mib": qkvo / 2**20})
+    return rows
+
+
+def prefill_targets(rows: list[dict]) -> list[Target]:
+    """The issue's targets for a causal MQA prefill: peak bytes with the default paths at most
+    1.5x every fast path off, and at most 3x the bytes of q, k, v and the output; time at most
+    1.1x."""
+    mqa = next(r for r in rows if r["n_kv_heads"] == 1)
+    L = mqa["L"]
+    return [Target(f"MQA causal prefill at L={L}: peak bytes / every fast path off",
+                   mqa["peak_mib"] / mqa["peak_mib_off"], "<=", 1.5),
+            Target(f"MQA causal prefill at L={L}: peak bytes / q, k, v and output",
+                   mqa["peak_mib"] / mqa["qkvo_mib"], "<=", 3.0),
+            Target(f"MQA causal prefill at L={L}: time / every fast path off",
+                   mqa["ms"] / mqa["ms_off"], "<=", 1.1)]
+
+
+def cache_step_benchmark(window: int = 4096, d_model: int = 1024, n_heads: int = 16,
+                         n_sink: int = 4, repeats: int = 9, min_sample_s: float = 0.2,
+                         seed: int = 0) -> list[dict]:
+    """One decoding step (one new token, batch 1, no grad) of chapter 7's layer with each cache
+    holding ``window`` tokens (the sink cache ``n_sink`` more), timed side by side: ``KVCache``,
+    ``PagedKVCache`` (blocks of 16), ``SlidingWindowCache(window)``, ``SinkCache(n_sink,
+    window)``. Each call decodes the token after the same ``window`` tokens: the contiguous and
+    paged caches are cut back to that length before each step (``length`` reset; the paged one
+    its last block released), the rolling ones stay full. Rows: ``ms`` (median), ``step_kib``
+    (the peak bytes of tensors one step allocates), ``held_mib`` (what the cache holds) and
+    ``token_kib`` (one token's keys, values and output)."""
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(d_model, n_heads).eval()
+    hd = d_model // n_heads
+    prompt = torch.randn(1, window + n_sink, d_model)
+    token = torch.randn(1, 1, d_model)
+    caches = {"KVCache": KVCache(capacity=window + n_sink + 1),
+              "PagedKVCache": PagedKVCache(BlockPool(-(-(window + n_sink) // 16) + 1, 16,
+                                                     n_heads, hd)),
+              f"SlidingWindowCache({window})": SlidingWindowCache(window),
+              f"SinkCache({n_sink}, {window})": SinkCache(n_sink, window)}
+    with torch.no_grad():
+        for name, cache in caches.items():
+            layer(prompt if name.startswith("Sink") else prompt[:, :window], is_causal=True,
+                  kv_cache=cache)
+
+    def step(cache):
+        def run():
+            if isinstance(cache, KVCache):
+                cache.length = window  # the same length at every step
+            elif isinstance(cache, PagedKVCache):  # the blocks past the window back to the pool
+                keep = -(-window // 16)
+                cache.pool.free(cache.block_table[keep:])
+                del cache.block_table[keep:]
+                cache.length = window
+            return layer(token, is_causal=True, kv_cache=cache)
+        return run
+
+    fns = {name: step(cache) for name, cache in caches.items()}
+    with torch.no_grad():
+        times = compare(fns, repeats, min_sample_s=min_sample_s)
+        rows = []
+        for name, cache in caches.items():
+            rows.append({"cache": name, "ms": 1e3 * times[name].median,
+                         "step_kib": peak_memory(fns[name]) / 2**10,
+                         "held_mib": cache.nbytes / 2**20,
+                         "token_kib": 3 * d_model * 4 / 2**10})
+    return rows
+
+
+def cache_step_targets(rows: list[dict]) -> list[Target]:
+    """The issue's targets for one decoding step of the caches that stop growing: bytes
+    allocated at most a quarter of what the cache holds and within 16 tokens' keys, values and
+    output; time at most 1.5x ``KVCache``'s step at the same length."""
+    kv = next(r for r in rows if r["cache"] == "KVCache")
+    targets = []
+    for r in rows:
+        if not r["cache"].startswith(("Sliding", "Sink")):
+            continue
+        targets += [Target(f"{r['cache']} step: bytes allocated / bytes held",
+                           r["step_kib"] / 2**10 / r["held_mib"], "<=", 0.25),
+                    Target(f"{r['cache']} step: bytes allocated / one token's k, v, out",
+                           r["step_kib"] / r["token_kib"], "<=", 16.0),
+                    Target(f"{r['cache']} step: time / KVCache's step",
+                           r["ms"] / kv["ms"], "<=", 1.5)]
+    return targets
+
+
 def _print_table(rows: list[dict], columns: list[str], formats: dict[str, str]) -> None:
     print("  ".join(f"{c:>{max(len(c), 10)}s}" if c != "variant" else f"{c:48s}" for c in columns))
     for r in rows:
@@ -272,6 +394,36 @@ def _report_decode() -> tuple[list[dict], list[Target]]:
     return rows, targets
 
 
+def _report_prefill() -> tuple[list[dict], list[Target]]:
+    rows = prefill_benchmark()
+    print("causal prefill, one sequence, no grad (d_model=512, 8 query heads of 64): the default "
+          "paths against every fast path off\n(the readable copy of the key/value heads); "
+          "qkvo_mib: the bytes of q, k, v and the attention output")
+    _print_table(rows, ["variant", "L", "ms", "ms_off", "peak_mib", "peak_mib_off", "qkvo_mib"],
+                 {"ms": ".1f", "ms_off": ".1f", "peak_mib": ".1f", "peak_mib_off": ".1f",
+                  "qkvo_mib": ".1f"})
+    targets = prefill_targets(rows)
+    _print_targets("prefill targets", targets)
+    print()
+    return rows, targets
+
+
+def _report_cache_steps() -> tuple[list[dict], list[Target]]:
+    rows = cache_step_benchmark()
+    print("one decoding step, batch 1, no grad, MultiHeadAttention(1024, 16), each cache holding "
+          "4096 tokens (the sinks 4 more);\nstep_kib: peak bytes of tensors one step allocates")
+    for r in rows:
+        print(f"  {r['cache']:26s} {r['ms']:7.3f} ms  {r['step_kib']:9.1f} KiB a step  "
+              f"{r['held_mib']:6.1f} MiB held  (one token's k, v, out: {r['token_kib']:.0f} KiB)")
+    targets = cache_step_targets(rows)
+    _print_targets("cache step targets", targets)
+    paged = next(r for r in rows if r["cache"] == "PagedKVCache")
+    print(f"  (for information, not a target: the paged cache gathers its blocks at every step, "
+          f"{paged['step_kib'] / 2**10:.1f} MiB,\n   the readable stand-in for a kernel that "
+          "reads them in place)\n")
+    return rows, targets
+
+
 def main(out_dir: str = "_build/bench") -> None:
     """``make bench``: every table of chapters 7 and 9 at full size with the library's speed
     targets, a CSV of each benchmark and a PNG."""
@@ -284,7 +436,8 @@ def main(out_dir: str = "_build/bench") -> None:
     tables, targets = {}, []
     for name, report in [("attention", lambda: _report_attention(ceiling)),
                          ("fastpaths", _report_fastpaths), ("scaling", _report_scaling),
-                         ("training", _report_training), ("decode", _report_decode)]:
+                         ("training", _report_training), ("decode", _report_decode),
+                         ("prefill", _report_prefill), ("cache_steps", _report_cache_steps)]:
         tables[name], found = report()
         targets += found
         with open(out / f"{name}.csv", "w", newline="") as f:
@@ -292,8 +445,7 @@ def main(out_dir: str = "_build/bench") -> None:
             writer.writeheader()
             writer.writerows(tables[name])
     _plot(tables["attention"], tables["scaling"], ceiling, out / "bench.png")
-    print(f"\nwrote {out}/attention.csv, fastpaths.csv, scaling.csv, training.csv, decode.csv and "
-          "bench.png")
+    print(f"\nwrote {out}/{', '.join(f'{name}.csv' for name in tables)} and bench.png")
     missed = [t.label for t in targets if not t.met]
     print(f"{len(targets) - len(missed)} of {len(targets)} targets met"
           + (f"; MISSED: {'; '.join(missed)}" if missed else ""))

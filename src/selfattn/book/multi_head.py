@@ -395,14 +395,16 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     its one key/value head in a single product of $g L$ rows against $S$ keys. The rows are read
     from :func:`~selfattn.fastpaths.attend_heads`' own regrouping (each query row labelled by its
     head and token), so the picture follows the code. FlashAttention 2 decodes GQA the same way
-    (its ``seqlenq_ngroups_swapped``)."""
-    from ..fastpaths import GROUPED_HEADS, Call
+    (its ``seqlenq_ngroups_swapped``). The layer stacks the rows of one new token (decoding); a
+    prefill of several goes to PyTorch's ``enable_gqa`` instead, where a causal mask would have
+    to be stacked too."""
+    from ..fastpaths import Call, _stack_groups
 
     g = n_heads // n_kv_heads
     # each query row holds its own number, head * L + token; the library regroups it
     q = torch.arange(n_heads * L, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, L, 1)
     kv = torch.zeros(1, n_kv_heads, 1, 1)  # (1, H_kv, S, 1)
-    stacked = GROUPED_HEADS.run(Call.of(q, kv, kv)).q  # (1, H_kv, g*L, 1)
+    stacked = _stack_groups(Call.of(q, kv, kv)).q  # (1, H_kv, g*L, 1)
     is_view = stacked.data_ptr() == q.data_ptr()
     rows = stacked[0, :, :, 0].long().tolist()  # rows[j]: the query rows of group j
 

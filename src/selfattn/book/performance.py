@@ -297,14 +297,57 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "an unknown CPU"
 
 
-def _kernels_that_ran(fn) -> list[str]:
-    """The compute kernels one call of ``fn`` launched: CUDA kernel names on a GPU (from
-    ``torch.profiler``), the attention operations PyTorch dispatched to on a CPU."""
+GPU_REPORT = pathlib.Path(__file__).with_name("gpu_report.json")
+"""Where ``make gpu`` (tools/gpu_report.py) writes its report, to be committed; the package
+ships it, so a chapter finds it on Colab too."""
+_REPORT_KEYS = {"format": int, "rehearsal": bool, "date": str, "versions": dict, "device": dict,
+                "steps": list, "kernels": list, "gpu_kernels": list, "cells": list}
+
+
+def parse_gpu_report(text: str) -> dict:
+    """A ``make gpu`` report read from its JSON text, checked against its format (format 1:
+    the keys of :data:`_REPORT_KEYS`, the device's name, each step's name and result, each
+    cell's chapter and output); a ``ValueError`` saying what is missing otherwise."""
+    import json
+
+    report = json.loads(text)
+    for key, kind in _REPORT_KEYS.items():
+        if not isinstance(report.get(key), kind):
+            raise ValueError(f"a make gpu report needs {key!r} ({kind.__name__}), got "
+                             f"{type(report.get(key)).__name__}")
+    if report["format"] != 1:
+        raise ValueError(f"a make gpu report of format {report['format']}; this code reads 1")
+    if "name" not in report["device"] or not all({"name", "result"} <= set(s)
+                                                 for s in report["steps"]):
+        raise ValueError("a make gpu report names its device and each step's result")
+    if not all({"chapter", "output"} <= set(c) for c in report["cells"]):
+        raise ValueError("a make gpu report gives each GPU cell's chapter and output")
+    return report
+
+
+def gpu_report() -> dict | None:
+    """The committed report of ``make gpu`` run on a CUDA GPU (:data:`GPU_REPORT`), or ``None``:
+    then no GPU has run the book's GPU cells, and a chapter's sentence about what a GPU does is a
+    prediction, which the chapter can say by computing ``performance.gpu_report() is None``. A
+    rehearsal's report (``make gpu-rehearsal``, on a CPU) never counts. A report whose steps did
+    not all pass still counts (its ``steps`` say which failed, and its ``cells`` hold what the
+    GPU cells printed): a chapter quoting it can check the step it rests on."""
+    if not GPU_REPORT.exists():
+        return None
+    report = parse_gpu_report(GPU_REPORT.read_text(encoding="utf-8"))
+    return None if report["rehearsal"] else report
+
+
+def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
+    """The compute kernels one call of ``fn`` on ``device`` launched: CUDA kernel names for a
+    CUDA device (from ``torch.profiler``), the attention operations PyTorch dispatched to for any
+    other. The device of the call decides, not whether this machine has a GPU: a CPU call on a
+    GPU machine is profiled on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
     from .kit.measure import profiled_ops
 
-    if not torch.cuda.is_available():
+    if torch.device(device).type != "cuda":
         return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -361,7 +404,7 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
                         seconds = median_time(fn, repeats=repeats, warmup=warmup)
                         row |= {"ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                                 "peak_mib": _peak_bytes(fn, device) / 2**20,
-                                "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+                                "kernel": ", ".join(_kernels_that_ran(fn, device))[:90]}
                 except Exception as exc:  # no such backend here, out of memory, a kernel
                     # that does not fit this GPU (Triton's OutOfResources): a row that says so
                     if device.type == "cuda":
@@ -413,7 +456,7 @@ def sdpa_fallbacks(device: torch.device | str, T: int = 1024, n_heads: int = 16,
             lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True),
     }
     with torch.no_grad():
-        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn))[:90]}
+        return [{"call": name, "kernel": ", ".join(_kernels_that_ran(fn, device))[:90]}
                 for name, fn in calls.items()]
 
 
