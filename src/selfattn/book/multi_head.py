@@ -648,9 +648,9 @@ def decode_benchmark(
         runs once, with the split's function wrapped to count its calls."""
         calls, split = [], fastpaths._split_kv_attention
 
-        def counted(*args: Tensor) -> Tensor:
+        def counted(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
             calls.append(1)
-            return split(*args)
+            return split(q, k, v, chunks)
 
         fastpaths._split_kv_attention = counted
         try:

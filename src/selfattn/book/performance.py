@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 import pathlib
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -182,15 +185,21 @@ def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n
     """Forward time (no grad) and peak tensor memory against sequence length, batch 1: the
     explicit path, tiled attention (:mod:`selfattn.tiled`) and PyTorch's SDPA, timed side by side
     at each length. ``block_size=None`` uses :func:`~selfattn.tiled.tiled_attention`'s default."""
-    tile = {} if block_size is None else {"block_size": block_size}
-    variants = {"explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
-                "tiled (selfattn)": lambda q: tiled_attention(q, q, q, **tile),
-                "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
+    def tiled(q: Tensor) -> Tensor:
+        if block_size is None:
+            return tiled_attention(q, q, q)
+        return tiled_attention(q, q, q, block_size=block_size)
+
+    variants: dict[str, Callable[[Tensor], Tensor]] = {
+        "explicit (selfattn)": lambda q: scaled_dot_product_attention(q, q, q)[0],
+        "tiled (selfattn)": tiled,
+        "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
     rows = []
     with torch.no_grad():
         for T in lengths:
             q = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T))
-            calls = {n: (lambda f=f, q=q: f(q)) for n, f in variants.items()}
+            calls: dict[str, Callable[[], object]] = {
+                n: partial(f, q) for n, f in variants.items()}
             times = compare(calls, repeats, warmup=1, min_sample_s=min_sample_s)
             for name, call in calls.items():
                 rows.append({"T": T, "variant": name, "ms": 1e3 * times[name].median,
@@ -201,7 +210,7 @@ def scaling_benchmark(lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096), n
 
 # the variants of training_benchmark: each a function of x, and the same function by its import
 # path, for the fresh process that measures its peak memory (kit.peak)
-TRAINING_VARIANTS = {
+TRAINING_VARIANTS: dict[str, tuple[Callable[[Tensor], Tensor], str]] = {
     "explicit (selfattn)": (lambda x: scaled_dot_product_attention(x, x, x)[0],
                             "selfattn.scaled_dot_product_attention"),
     "tiled (selfattn)": (lambda x: tiled_attention(x, x, x), "selfattn.tiled_attention"),
@@ -224,16 +233,17 @@ def training_benchmark(lengths: tuple[int, ...] = (1024, 2048, 4096), n_heads: i
         x = torch.randn(1, n_heads, T, head_dim, generator=torch.Generator().manual_seed(T),
                         requires_grad=True)
 
-        def step(f, x=x):
+        def step(f: Callable[[Tensor], Tensor], x: Tensor = x) -> None:
             f(x).sum().backward()
             x.grad = None
 
-        times = compare({name: (lambda f=f: step(f)) for name, (f, _) in TRAINING_VARIANTS.items()},
-                        repeats, warmup=1, min_sample_s=min_sample_s)
+        steps: dict[str, Callable[[], object]] = {
+            name: partial(step, f) for name, (f, _) in TRAINING_VARIANTS.items()}
+        times = compare(steps, repeats, warmup=1, min_sample_s=min_sample_s)
         for name, (f, call) in TRAINING_VARIANTS.items():
             peak = _fresh_training_peak(call, T, n_heads, head_dim) if T in fresh else None
             rows.append({"T": T, "variant": name,
-                         "saved_mb": saved_tensor_bytes(lambda f=f, x=x: f(x)) / 2**20,
+                         "saved_mb": saved_tensor_bytes(partial(f, x)) / 2**20,
                          "process_peak_mb": None if peak is None else peak / 2**20,
                          "fwd_bwd_ms": 1e3 * times[name].median,
                          "discarded": times[name].discarded})
@@ -383,10 +393,11 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
     from .kit.measure import median_time
 
     device = torch.device(device)
+    triton: ModuleType | None
     try:
-        from .. import triton_attention
+        from .. import triton_attention as triton
     except ImportError:  # no triton on this platform
-        triton_attention = None
+        triton = None
     backends = [b for b in ("MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION")
                 if hasattr(SDPBackend, b)]
     rows = []
@@ -395,7 +406,7 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
             g = torch.Generator(device=device).manual_seed(T)
             q = torch.randn(1, n_heads, T, head_dim, generator=g, device=device, dtype=dtype)
             variants = _gpu_variants(q, [getattr(SDPBackend, b) for b in backends],
-                                     sdpa_kernel, triton_attention)
+                                     sdpa_kernel, triton)
             flops = attention_flops(T, T, head_dim, n_heads, 1) * (T + 1) / (2 * T)
             for name, fn in variants.items():
                 row: dict = {"variant": name, "dtype": str(dtype).removeprefix("torch."), "T": T}
@@ -420,7 +431,8 @@ def _gpu_variants(q: Tensor, backends: list, sdpa_kernel, triton_attention) -> d
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, q, q, is_causal=True)
 
-    variants = {f"SDPA, {b.name.lower()}": (lambda b=b: forced(b)) for b in backends}
+    variants: dict[str, Callable[[], Tensor]] = {
+        f"SDPA, {b.name.lower()}": partial(forced, b) for b in backends}
     variants["SDPA, its own choice"] = lambda: F.scaled_dot_product_attention(
         q, q, q, is_causal=True)
     if triton_attention is not None:

@@ -295,6 +295,7 @@ class DecayTagger(MeanPoolTagger):
                  causal: bool = True) -> None:
         super().__init__(vocab_size, n_tags, d)
         self.n_heads, self.causal = n_heads, causal
+        self.slopes: Tensor
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def weights(self, T: int) -> Tensor:
