@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import selfattn
-from selfattn.book.tagging import AttentionTagger, tagging_task
 from selfattn.positional import LearnedPositionalEmbedding, apply_rope, sinusoidal_encoding
 
 sdpa = selfattn.scaled_dot_product_attention
@@ -62,9 +61,6 @@ CASES = [
     ("position beyond the learned table",
      lambda: LearnedPositionalEmbedding(8, 4)(9), ValueError,
      ["position 8", "max_len=8"]),
-    ("unknown positions for a tagger",
-     lambda: AttentionTagger(8, 3, positions="relative"), ValueError,
-     ["positions", "'relative'", "rope"]),
     ("causal mask of zero length", lambda: selfattn.causal_mask(0), ValueError, ["L", "0"]),
     ("masked_softmax with a float 0/1 mask",
      lambda: selfattn.masked_softmax(torch.zeros(2, 3), torch.tensor([[1.0, 0.0, 1.0]])), TypeError,
@@ -95,8 +91,6 @@ CASES = [
      ["positions", "x", "cpu", "meta"]),
     ("rope: x not a tensor", lambda: apply_rope([[1.0, 2.0]]), TypeError, ["x", "list"]),
     ("rope: x of rank 1", lambda: apply_rope(torch.randn(8)), ValueError, ["x", "(8,)"]),
-    ("tagging task without filler tags", lambda: tagging_task(10, n_filler_tags=0), ValueError,
-     ["n_filler_tags", "0"]),
 ]
 
 
