@@ -91,11 +91,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
 
-# The fast inner loop: lint, then every test that needs neither the built book nor a browser.
+# The fast inner loop: lint, then every fast test (not slow, no built book), on both cores.
 unit: $(STAMP)
 	@SECONDS=0; status=0; \
 	$(MAKE) --no-print-directory lint && \
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not built_book" tests || status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not slow and not built_book" tests || status=$$?; \
 	echo "make unit took $$SECONDS s (lint, type check and the fast tests)"; exit $$status
 
 # make unit, then the slow tests (a subprocess, an export, a compile, a fresh environment):

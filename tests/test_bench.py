@@ -110,6 +110,7 @@ def test_a_tiny_scaling_benchmark_has_every_variant_at_every_length_and_the_tile
     assert [(t.op, t.goal) for t in (memory, time, sdpa)] == [(">=", 8.0), ("<", 1.0), ("<=", 2.5)]
 
 
+@pytest.mark.slow
 def test_a_tiny_training_benchmark_has_every_variant_at_every_length_and_its_targets(tiny):
     rows = tiny["training"]
     assert sorted((r["T"], r["variant"]) for r in rows) == sorted(
@@ -173,6 +174,7 @@ def _all_targets(tiny: dict[str, list[dict]]) -> list[bench.Target]:
             *bench.prefill_targets(tiny["prefill"]), *bench.cache_step_targets(tiny["cache_steps"])]
 
 
+@pytest.mark.slow
 def test_every_target_has_a_goal(tiny):
     targets = _all_targets(tiny)
     assert len(targets) == 10 + len(fastpaths.ENABLED) + 3 + 2 + 4 + 3 + 6
@@ -182,6 +184,7 @@ def test_every_target_has_a_goal(tiny):
         assert t.ratio > 0 and isinstance(t.met, bool), t
 
 
+@pytest.mark.slow
 def test_the_causal_weights_rows_and_their_targets(tiny):
     rows = tiny["attention"]
     causal = {(r["mode"], r["variant"]) for r in rows if r["causal"]}
@@ -211,6 +214,7 @@ def test_the_causal_weights_rows_and_their_targets(tiny):
     assert abs(row["gflops"] * row["ms"] * 1e6 - (measure.mha_flops(1, 16, 16) - dropped)) < 1e-3 * 1e6
 
 
+@pytest.mark.slow
 def test_the_decode_targets_judge_the_longest_context_against_the_bytes_bound(tiny):
     rows = tiny["decode"]
     ms = {r["variant"]: r["ms_per_token"] for r in rows if r["context"] == 16}
@@ -226,6 +230,7 @@ def test_the_decode_targets_judge_the_longest_context_against_the_bytes_bound(ti
     assert targets[3].ratio == ms["MQA naive"] / ms["MQA"]
 
 
+@pytest.mark.slow
 def test_main_prints_every_target_and_a_summary_and_writes_every_table(tiny, monkeypatch, tmp_path,
                                                                        capsys):
     for name, key in [("attention_benchmark", "attention"), ("fastpath_benchmark", "fastpaths"),

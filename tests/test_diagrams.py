@@ -173,6 +173,7 @@ def test_html_gives_the_png_width_and_escapes_the_alt_text():
     assert Image.open(io.BytesIO(d.png())).size == (250, 100)
 
 
+@pytest.mark.slow
 def test_diagrams_leave_pyplot_alone():
     before = Gcf.get_num_fig_managers()
     for make, _ in CASES.values():

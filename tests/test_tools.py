@@ -171,6 +171,7 @@ def test_the_report_keeps_each_gpu_cells_output_in_its_fixed_format(tmp_path, mo
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
+@pytest.mark.slow
 def test_make_gpu_without_a_gpu_says_so():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_report.py")],
                           capture_output=True, text=True, timeout=120)

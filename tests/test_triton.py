@@ -204,6 +204,7 @@ triton_aot = importlib.util.module_from_spec(AOT)
 AOT.loader.exec_module(triton_aot)
 
 
+@pytest.mark.slow
 def test_the_shipped_configurations_compile_fit_and_do_not_spill():
     """Compiled ahead of time in a fresh process (the interpreter off), with the pinned Triton
     and its own ptxas, no GPU needed (tools/triton_aot.py): each configuration config_for picks
@@ -236,6 +237,7 @@ def test_the_compile_check_names_what_is_wrong():
     assert "not" in triton_aot.problems(results[1:])[0]
 
 
+@pytest.mark.slow
 def test_cpu_tensors_without_the_interpreter_are_a_clear_error():
     code = ("import torch\nfrom selfattn.triton_attention import triton_attention\n"
             "x = torch.zeros(1, 1, 4, 16)\n"
@@ -246,6 +248,7 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error():
     assert re.search(r"runs on a CUDA GPU.*TRITON_INTERPRET=1", out, re.S), out
 
 
+@pytest.mark.slow
 def test_importing_selfattn_imports_neither_the_kernel_nor_triton():
     code = ("import selfattn, sys; from selfattn import fastpaths; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton' "
