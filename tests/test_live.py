@@ -194,3 +194,10 @@ def test_the_minilm_spec_states_the_sizes_of_the_files_it_will_fetch(tmp_path):
     (tmp_path / live.MINILM_FILES["model"]).unlink()
     with pytest.raises(FileNotFoundError, match="make book"):
         live.minilm_spec("test-minilm", ["I saw a saw."], vendor=tmp_path)
+
+
+def test_the_minilm_files_are_looked_for_where_make_puts_them():
+    """The Makefile exports the model into the repository's _vendor/, beside the Makefile (a
+    module moved one folder deeper once looked in src/_vendor and failed chapter 10's build)."""
+    assert live.VENDOR == ROOT / "_vendor"
+    assert "MINILM := _vendor/minilm/" in (ROOT / "Makefile").read_text()

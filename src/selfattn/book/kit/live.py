@@ -204,7 +204,7 @@ def rebuild(spec: Mapping, model: str | None = None) -> AttentionTagger:
     return tagger.eval()
 
 
-VENDOR = pathlib.Path(__file__).resolve().parents[3] / "_vendor"  # what make puts in _static/
+VENDOR = pathlib.Path(__file__).resolve().parents[4] / "_vendor"  # what make puts in _static/
 
 
 MINILM_FILES = {"model": "minilm/minilm-attention-fp16.onnx", "vocab": "minilm/vocab.txt",
