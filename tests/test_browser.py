@@ -11,14 +11,15 @@ screen, and at least eight of the chapters have an explorer that renders a pictu
 diagram has its alt text and is screenshotted in the dark theme too. Screenshots go to
 _build/screenshots/ (the run's summary names the folder). `make test` builds the book first.
 
-Then every page as a reader meets it, at 1280 px and in a 390 px phone window (touch), in the
-light and the dark theme: axe-core (from npm, served by the book itself: _static/axe/) finds no
-critical or serious violation; the page is no wider than the window; every image has alt text
-that is not a file path; no exercise shows a verdict before the reader answers; no JavaScript
+Then every page as a reader meets it, at 1280 px and in a 390 px phone window (touch), in the light
+and the dark theme: axe-core (from npm, served by the book itself: _static/axe/) finds no critical
+or serious violation; the page is no wider than the window; every image has alt text that is not a
+file path; every figure links to its full-size file and, on the phone, is shown at the size it was
+drawn (its box scrolls); no exercise shows a verdict before the reader answers; no JavaScript
 error. Each is screenshotted whole at the phone width into _build/screenshots/pages/, and axe's
-counts by impact go to _build/axe.txt. Last, one live explorer used with the keyboard alone: Tab reaches its box,
-typing redraws it and a polite live region says the result, a word it does not know marks the
-box invalid, a menu and an example button work from the keyboard.
+counts by impact go to _build/axe.txt. Last, one live explorer used with the keyboard alone: Tab
+reaches its box, typing redraws it and a polite live region says the result, a word it does not
+know marks the box invalid, a menu and an example button work from the keyboard.
 """
 
 import functools
@@ -397,6 +398,20 @@ def images_without_alt(page):
         .map(i => (i.getAttribute("src") || "").slice(0, 60))""")
 
 
+def figures_not_at_full_size_or_not_linked(page, phone):
+    """A chapter's figures (kit: _ext/selfattn_page.py): each links to its own full-size file, and
+    on a phone each is shown at the size it was drawn (its box scrolls), so its text is as large
+    as on a desktop page, where tests above hold it to 9 px."""
+    return page.evaluate("""(phone) => {
+        const file = (url) => url.split("/").pop();
+        return [...document.querySelectorAll("div.cell_output img:not(.widget-image):not(.selfattn-diagram)")]
+            .filter(i => { const link = i.closest("a");
+                           return !link || file(link.getAttribute("href")) !== file(i.getAttribute("src"))
+                                  || (phone && i.clientWidth < i.naturalWidth - 1); })
+            .map(i => `${file(i.getAttribute("src")).slice(0, 16)}: ${i.clientWidth}/${i.naturalWidth}`);
+    }""", phone)
+
+
 def wider_than_the_window(page):
     """How far the page scrolls sideways, and the widest elements that stick out of the window."""
     return page.evaluate("""() => {
@@ -421,6 +436,8 @@ def test_every_page_in_both_widths_and_themes_passes_axe_fits_and_names_its_imag
         problems.append(f"the page scrolls sideways by {over} px at {width} px: {sticking_out}")
     problems += [f"an image without alt text (or a path for one): {src}"
                  for src in images_without_alt(page)]
+    problems += [f"a figure not linked to its file, or shrunk on a phone: {f}"
+                 for f in figures_not_at_full_size_or_not_linked(page, width <= PHONE)]
     if "Not yet" in page.locator("main").inner_text():
         problems.append("a verdict (Not yet ...) on the page before any answer")
     for theme in ("light", "dark"):
