@@ -358,7 +358,8 @@ def test_most_chapters_have_a_working_explorer_and_the_diagrams_are_there():
 # ---- every page at both widths and in both themes: axe, width, alt text --------------------------
 
 PHONE = 390
-AXE_FAILS = ("critical", "serious")  # axe-core's impacts that fail the test
+AXE_FAILS = ("critical", "serious")  # axe-core's impacts that fail the test ...
+AXE_RULES_THAT_FAIL = ("empty-table-header",)  # ... and a minor rule the book once broke
 AXE_COUNTS: dict[str, dict[str, int]] = {}  # "page width theme" -> violations (nodes) by impact
 
 
@@ -449,7 +450,8 @@ def test_every_page_in_both_widths_and_themes_passes_axe_fits_and_names_its_imag
                   for impact in ("critical", "serious", "moderate", "minor")}
         AXE_COUNTS[f"{name} {width} {theme}"] = counts
         problems += [f"axe {theme}: {rule} ({impact}, {n} nodes: {targets})"
-                     for rule, impact, n, targets in found if impact in AXE_FAILS]
+                     for rule, impact, n, targets in found
+                     if impact in AXE_FAILS or rule in AXE_RULES_THAT_FAIL]
         if width == PHONE:  # (the first test above screenshots each page at 1280 px)
             page.screenshot(path=str(SHOTS / "pages" / f"{name.replace('/', '_')}_{theme}.png"),
                             full_page=True)
