@@ -44,6 +44,9 @@ $(VENDOR): package.json package-lock.json Makefile
 	mkdir -p _vendor/ort
 	cp node_modules/onnxruntime-web/dist/{ort.wasm.min.mjs,ort-wasm-simd-threaded.mjs,ort-wasm-simd-threaded.wasm} _vendor/ort/
 	cp tools/licenses/onnxruntime-web.txt _vendor/ort/LICENSE
+	# the browser test's accessibility checker (axe-core), served beside the pages, loaded by none
+	mkdir -p _vendor/axe
+	cp node_modules/axe-core/{axe.min.js,LICENSE} _vendor/axe/
 	touch $@
 
 # Chapter 10's model for the live page, exported from the installed weights (never committed)

@@ -6,8 +6,10 @@
    A classic script with no dependencies. On DOMContentLoaded it wires every self-check in the
    page: the Check button, or Enter in the text box, writes the verdict. The verdict says right or
    not yet, and what is off, never the answer: close (within 1 %: give the exact value or more
-   digits), a hint the question names for factor x the answer (half the FLOPs), for bytes a
-   missing or a decimal unit, too high, too low, a dimension.
+   digits), a hint the question names for factor x the answer (half the FLOPs; within the same
+   1 %, so a rounded slip gets it too), for bytes a missing or a decimal unit, too high, too low,
+   a dimension. What a reader types is read after NFKC normalization: full-width digits and
+   punctuation, as a Chinese input method types them, read as their ASCII forms.
 
    A unit is accepted only where the question is about bytes (data-unit="bytes"): KiB, MiB, GiB,
    TiB (powers of 2), kB, MB, GB, TB (powers of 10), B or bytes. Elsewhere a unit is refused.
@@ -114,13 +116,25 @@
     return value;
   }
 
+  /* What a reader typed, in the forms the parsers read: NFKC first, so that the full-width
+     digits, brackets, commas and operators a Chinese or Japanese input method types
+     ("\uff11\uff10\uff12\uff14", "\uff08\uff11\uff12\uff0c 5\uff0c 7\uff09", "2\uff0a\uff0a20") read as their ASCII forms; then the
+     ideographic full stop and comma, the no-break and thin spaces, the times signs and the
+     minus sign. */
+  function normalize(text) {
+    return String(text).normalize("NFKC")
+      .replace(/\u3002/g, ".") // the ideographic full stop, as a decimal point
+      .replace(/\u3001/g, ",") // the ideographic comma, between dimensions
+      .replace(/[\u00a0\u2009\u202f]/g, " ") // no-break and thin spaces
+      .replace(/[\u00d7\u22c5\u00b7]/g, "*") // times signs
+      .replace(/\u2212/g, "-") // the minus sign
+      .trim();
+  }
+
   /* unit: "bytes" where the question is about bytes (a unit may follow the number); anything
      else, a plain number (a unit fails, with why "unit"). */
   function parseNumber(text, unit) {
-    var s = String(text).trim()
-      .replace(/[\u00a0\u2009\u202f]/g, " ") // no-break and thin spaces
-      .replace(/[\u00d7\u22c5\u00b7]/g, "*") // times signs
-      .replace(/\u2212/g, "-"); // the minus sign
+    var s = normalize(text);
     var found = BYTE_UNIT.exec(s), typedUnit = null;
     if (found && found[1] !== "") {
       if (unit !== "bytes") return fail("unit");
@@ -145,7 +159,7 @@
   }
 
   function parseShape(text) {
-    var s = String(text).trim();
+    var s = String(text).normalize("NFKC").replace(/\u3001/g, ",").trim();
     var size = /^torch\.Size\(\s*(.*)\s*\)$/.exec(s);
     if (size) s = size[1].trim();
     var brackets = /^\((.*)\)$|^\[(.*)\]$/.exec(s);
@@ -212,9 +226,13 @@
       return Math.abs(value - target) <= (rtol * Math.abs(target) || rtol);
     }
     if (near(n.value, spec.expected)) return right();
+    // a hint's slip, typed exactly or rounded as "close" would be (1.37e11 for half of 2**38)
     var hints = spec.hints || [];
     for (var h = 0; h < hints.length; h++) {
-      if (near(n.value, hints[h][0] * spec.expected)) return notYet(hints[h][1]);
+      var slip = hints[h][0] * spec.expected;
+      if (near(n.value, slip) || Math.abs(n.value - slip) <= CLOSE * Math.abs(slip)) {
+        return notYet(hints[h][1]);
+      }
     }
     if (bytes && n.unit && AS_BINARY[n.unit] && near(n.number * BINARY[AS_BINARY[n.unit]], spec.expected)) {
       return notYet("a " + n.unit + " is a power of 10 bytes, a " + AS_BINARY[n.unit] +

@@ -87,18 +87,64 @@ def test_a_chapter_with_a_gpu_cell_opens_a_gpu_runtime_on_colab(path):
         assert nb["metadata"].get("colab", {}).get("gpuType") == "T4"
 
 
+CHECK_CALL = re.compile(r"selfattn\.book\.\w+\.check_")
+
+
+def is_self_check(cell):
+    return cell["cell_type"] == "code" and re.search(r"^self_check\(", source(cell), re.M)
+
+
 def exercises(path):
-    """(answer cell, check cell, solution code) for every exercise of a chapter."""
+    """(answer cell, check cell, solution code) for every exercise of a chapter: its checker
+    call, the answer cell before it (before its self-check, where the code a find-the-bug
+    exercise shows comes first) and the folded solution right after it."""
     all_cells = cells(path)
     found = []
     for i, c in enumerate(all_cells):
         text = source(c)
-        if c["cell_type"] == "code" and re.search(r"selfattn\.book\.\w+\.check_", text):
+        if c["cell_type"] == "code" and CHECK_CALL.search(text):
             solution = source(all_cells[i + 1])
             code = re.search(r"<details>.*?```python\n(.*?)```.*?</details>", solution, re.S)
             assert code, f"the check {text!r} needs a folded solution right after it"
-            found.append((source(all_cells[i - 1]), text.rstrip().rstrip(";"), code.group(1)))
+            answer = all_cells[i - 2] if is_self_check(all_cells[i - 1]) else all_cells[i - 1]
+            assert answer["cell_type"] == "code" and not is_self_check(answer), text
+            found.append((source(answer), text.rstrip().rstrip(";"), code.group(1)))
     return found
+
+
+def tags(cell):
+    return cell["metadata"].get("tags", [])
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_the_page_shows_no_verdict_nobody_asked_for(path):
+    """An exercise's checker runs in the notebook (and under nbval) and says "Not yet" to the
+    blank answer; the page shows no output of it: the checker is tagged remove-output, or
+    remove-cell where the exercise's self-check is the page's place to answer."""
+    all_cells = cells(path)
+    for i, c in enumerate(all_cells):
+        if c["cell_type"] == "code" and CHECK_CALL.search(source(c)):
+            with_self_check = any(is_self_check(x) for x in all_cells[i - 2:i])
+            wanted = "remove-cell" if with_self_check else "remove-output"
+            assert wanted in tags(c), f"{source(c).strip()}: tag it {wanted}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_figure_has_alt_text_that_says_what_it_shows(path):
+    """A cell that draws a figure gives it alt text in its metadata (mystnb: image: alt:, which
+    myst-nb puts on the page's img): a sentence from the figure's title and what it shows,
+    never the file's path, which is what a screen reader reads without it."""
+    for c in cells(path, "code"):
+        if any("image/png" in o.get("data", {}) for o in c["outputs"]):
+            alt = c["metadata"].get("mystnb", {}).get("image", {}).get("alt", "")
+            first = source(c).strip().splitlines()[0][:60]
+            assert len(alt.split()) >= 6, f"the figure of the cell starting {first!r} needs alt text"
+            assert not re.search(r"\.(png|svg|jpe?g)\b|_images/", alt), alt
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_the_colab_set_up_cell_is_folded_on_the_page(path):
+    assert "hide-input" in tags(cells(path, "code")[0])
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)

@@ -40,7 +40,7 @@ const out = input.calls.map(([text, options]) => {{
   try {{
     const r = ctx.selfattnLive.compute(input.spec, text, options);
     return {{weights: r.weights, logits: r.logits || null, tokens: r.tokens,
-             predicted: r.predicted || null, rule: r.rule || null}};
+             predicted: r.predicted || null, rule: r.rule || null, dropped: r.dropped}};
   }} catch (e) {{ return {{error: e.message, input_error: e instanceof ctx.selfattnLive.InputError}}; }}
 }});
 process.stdout.write(JSON.stringify(out));
@@ -138,6 +138,26 @@ def test_unknown_words_and_long_sentences_get_a_message_naming_them():
             live.tokenize(spec, text)
 
 
+def test_punctuation_is_read_as_a_space_and_said_in_javascript_and_in_python():
+    """'I saw a saw.' is the sentence 'i saw a saw': live.js and live.tokenize drop every
+    punctuation mark (Unicode's category P, full-width ones too) the same way, and the page is
+    told which it dropped, so that its caption can say so."""
+    spec = live.tagger_spec("test-tagger", {"m": tagger("none")}, WORDS, TAGS,
+                            rule="latest_cue", sentences=["c1 w5"])
+    texts = ["C1, w5.", "c1 w5!?", "“c2” (w7); c3…", "c1。w5，w6", "c1-w5"]
+    got = node_compute(spec, [[t, {}] for t in texts])
+    for text, result in zip(texts, got, strict=True):
+        assert "error" not in result, (text, result)
+        assert result["tokens"] == [WORDS[i] for i in live.tokenize(spec, text)], text
+        assert set(result["dropped"]) == {ch for ch in text if not ch.isalnum() and not ch.isspace()}
+    assert got[0]["tokens"] == ["c1", "w5"] and got[3]["tokens"] == ["c1", "w5", "w6"]
+    plain = node_compute(spec, [["c1 w5", {}]])[0]
+    assert plain["dropped"] == []
+    with pytest.raises(ValueError, match="punctuation"):  # a word the page could never match
+        live.tagger_spec("t", {"m": tagger("none")}, [*WORDS[:-1], "w15."], TAGS,
+                         rule="latest_cue", sentences=["c1"])
+
+
 def test_bad_specs_are_refused_with_clear_errors():
     model = tagger("none")
     with pytest.raises(ValueError, match="token ids"):
@@ -194,3 +214,10 @@ def test_the_minilm_spec_states_the_sizes_of_the_files_it_will_fetch(tmp_path):
     (tmp_path / live.MINILM_FILES["model"]).unlink()
     with pytest.raises(FileNotFoundError, match="make book"):
         live.minilm_spec("test-minilm", ["I saw a saw."], vendor=tmp_path)
+
+
+def test_the_minilm_files_are_looked_for_where_make_puts_them():
+    """The Makefile exports the model into the repository's _vendor/, beside the Makefile (a
+    module moved one folder deeper once looked in src/_vendor and failed chapter 10's build)."""
+    assert live.VENDOR == ROOT / "_vendor"
+    assert "MINILM := _vendor/minilm/" in (ROOT / "Makefile").read_text()

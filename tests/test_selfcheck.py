@@ -82,6 +82,10 @@ def test_static_html_carries_the_kind_and_the_expected_value(expected, kind, dat
     field = widget.first("input")
     assert field["type"] == "text"
     assert widget.first("label")["for"] == field["id"]  # the question labels the text box
+    verdict = widget.first("p", role="status")
+    assert field["aria-describedby"] == verdict["id"]  # ... and the verdict describes it
+    assert "Your answer." in "".join(widget.text)
+    assert not any(t == "details" for t, _ in widget.tags), "one reveal: the exercise's solution"
     assert widget.first("button") is not None
     assert widget.first("p", role="status") is not None
     assert "<bytes>" not in shown["text/html"] and "&lt;bytes&gt;" in shown["text/html"]
@@ -133,6 +137,15 @@ def test_a_live_kernel_gets_one_plain_line_without_the_answer(expected, kind, mo
         assert form not in repr(check)  # printing the object gives nothing away either
 
 
+@pytest.mark.parametrize("factor", [1.01, 0.99, 1.02, 0.985])
+def test_a_hint_is_further_from_the_answer_than_close_reaches(factor):
+    """A hint's slip is matched within 1 % (CLOSE), as "close" is: a factor whose band would
+    overlap the answer's is refused."""
+    with pytest.raises(ValueError, match="further from 1"):
+        self_check("q?", 1000, kind="count", hints={factor: "a slip."})
+    assert self_check("q?", 1000, kind="count", hints={1.03: "a slip.", 0.97: "a slip."}).hints
+
+
 def test_the_question_is_one_line():
     assert self_check("  How many\n  heads?  ", 3, kind="count").question == "How many heads?"
 
@@ -164,6 +177,7 @@ def test_the_question_is_one_line():
     (("q?", (2, 3)), {"kind": "shape", "hints": {0.5: "half"}}, ValueError, "not a shape"),
     (("q?", 8), {"kind": "count", "hints": [(0.5, "half")]}, TypeError, "hints must be a dict"),
     (("q?", 8), {"kind": "count", "hints": {1: "same"}}, ValueError, "other than 1"),
+    (("q?", 8), {"kind": "count", "hints": {1.005: "near"}}, ValueError, "further from 1"),
     (("q?", 8), {"kind": "count", "hints": {0: "zero"}}, ValueError, "positive finite"),
     (("q?", 8), {"kind": "count", "hints": {-0.5: "minus"}}, ValueError, "positive finite"),
     (("q?", 8), {"kind": "count", "hints": {math.inf: "inf"}}, ValueError, "positive finite"),
@@ -207,18 +221,36 @@ def test_at_least_ten_self_checks_across_the_book():
     assert len(SELF_CHECKS) >= 10, [(name, i) for name, i, _ in SELF_CHECKS]
 
 
+def tags(cell):
+    return cell["metadata"].get("tags", [])
+
+
+PLACEHOLDER = re.compile(r"\bNone\b.*#\s*your")  # the answer cell's blank: `x = None  # your answer`
+
+
 @pytest.mark.parametrize("name, index, text", SELF_CHECKS, ids=lambda x: str(x)[:20])
 def test_a_self_check_follows_its_exercise_and_shows_only_its_widget(name, index, text):
+    """The exercise block on the page: the exercise's text (and the code it is about, in a
+    find-the-bug exercise), the self-check (the place to answer), the folded solution. The
+    notebook's answer cell and checker stay for a reader who runs it, removed from the page."""
     all_cells = cells(ROOT / "chapters" / f"{name}.ipynb")
     cell = all_cells[index]
-    assert "remove-input" in cell["metadata"].get("tags", []), "the page shows the widget alone"
+    assert "remove-input" in tags(cell), "the page shows the widget alone"
     before = all_cells[index - 1]
+    if before["cell_type"] == "code":  # the code a find-the-bug exercise shows
+        assert not PLACEHOLDER.search(source(before)) and "remove-cell" not in tags(before)
+        assert not CHECK_CALL.search(source(before))
+        before = all_cells[index - 2]
+    else:
+        answer = all_cells[index + 1]
+        assert PLACEHOLDER.search(source(answer)), "a blank answer cell follows the self-check"
+        assert "remove-cell" in tags(answer), "the page's one place to answer is the self-check"
     assert before["cell_type"] == "markdown" and "**Exercise" in source(before), (
         "a self-check goes right after its exercise's text")
-    after = [c for c in all_cells[index + 1:] if c["cell_type"] == "code"][:2]
-    assert any(CHECK_CALL.search(source(c)) for c in after), (
-        "the exercise's answer cell and its checker follow the self-check")
-    assert not CHECK_CALL.search(source(all_cells[index + 1]))
+    checker = next(c for c in all_cells[index + 1:] if c["cell_type"] == "code"
+                   and CHECK_CALL.search(source(c)))
+    assert all_cells.index(checker) - index in (1, 2), "the checker follows the answer cell"
+    assert "remove-cell" in tags(checker), "no verdict on the page that nobody asked for"
     for out in cell["outputs"]:  # the committed notebook ran live: the note, no HTML
         assert set(out.get("data", {})) == {"text/plain"}, "commit the notebook executed live"
         assert "".join(out["data"]["text/plain"]).startswith("Self-check:")
@@ -360,8 +392,9 @@ def test_units_are_accepted_exactly_where_the_answer_is_bytes(name, index, text)
 
 
 def test_the_flops_question_states_its_convention_and_hints_at_half():
-    (text,) = [t for _, _, t in SELF_CHECKS if _expected_call(t)[1] == "attention_flops"]
-    assert "multiply-add as 2 FLOPs" in text and "both matrix products" in text
+    ((name, index, text),) = [c for c in SELF_CHECKS if _expected_call(c[2])[1] == "attention_flops"]
+    exercise = source(cells(ROOT / "chapters" / f"{name}.ipynb")[index - 1])  # the statement
+    assert "multiply-add counted as 2 FLOPs" in exercise and "both matrix products" in exercise
     hints = _keyword(text, "hints")
     assert "multiply-add counts as two FLOPs" in hints[0.5]
     assert not any(ch.isdigit() for hint in hints.values() for ch in hint)  # no number given away
@@ -413,6 +446,9 @@ NUMBERS = {
     "4 * 2**30": 4 * 2**30, "4*2^30": 4 * 2**30, "4 × 2**30": 4 * 2**30, "32*8192*8192*4": 32 * 8192**2 * 4,
     "0.25": 0.25, ".5": 0.5, "-2**2": -4, "2**3**2": 512,
     "(3 + 1) / 2": 2, "100 * 0.5 * 0.5": 25, "−3": -3, " 25 ": 25,
+    # full-width, as a Chinese input method types them (read after NFKC)
+    "１０２４": 1024, "１，０２４": 1024, "1，024": 1024, "2＊＊20": 2**20, "２＾２０": 2**20,
+    "０．２５": 0.25, "0。25": 0.25, "（３＋１）／２": 2, "\u3000２５\u3000": 25, "－３": -3,
 }
 NOT_NUMBERS = ["", "abc", "1,5", "12,34", "1 2", "3e", "2(3)", "(2", "2)", "1/0", "2 **",
                "1,0245", "five", "0x10", "b", "GiB"]
@@ -460,6 +496,8 @@ SHAPES = {
     "(12, 5, 7)": [12, 5, 7], "12, 5, 7": [12, 5, 7], "[12,5,7]": [12, 5, 7],
     "torch.Size([12, 5, 7])": [12, 5, 7], "12 x 5 x 7": [12, 5, 7], "12×5×7": [12, 5, 7],
     "(3 * 4, 5, 7)": [12, 5, 7], "(12,)": [12], "12": [12], "(2, 12, 10, 64)": [2, 12, 10, 64],
+    "（12，5，7）": [12, 5, 7], "（１２， ５， ７）": [12, 5, 7], "［12，5，7］": [12, 5, 7],
+    "12、5、7": [12, 5, 7], "１２ｘ５ｘ７": [12, 5, 7], "torch.Size（[12, 5, 7]）": [12, 5, 7],
 }
 NOT_SHAPES = ["", "()", "(1.5, 2)", "(2, -1)", "(2,, 3)", "shape", "(2, 3"]
 
@@ -501,7 +539,11 @@ VERDICTS = [  # spec, typed, state, words in the message
     (FLOPS, "137,438,953,472", "wrong", "a multiply-add counts as two FLOPs."),
     (FLOPS, "2 * 4096**2 * 64 * 32 * 2", "wrong", "a multiply-add counts as two FLOPs."),
     (FLOPS, "68719476736", "wrong", "two FLOPs, both products."),
-    (FLOPS, "137438953473", "wrong", "too low"),  # not exactly half: no hint
+    # ... and a rounded half, within the same 1 % as "close"
+    (FLOPS, "1.37e11", "wrong", "a multiply-add counts as two FLOPs."),
+    (FLOPS, "1.374e11", "wrong", "a multiply-add counts as two FLOPs."),
+    (FLOPS, "１．３７ｅ１１", "wrong", "a multiply-add counts as two FLOPs."),
+    (FLOPS, "1.35e11", "wrong", "too low"),  # 1.8 % from half: no hint
     (FLOPS, "549755813888", "wrong", "too high"),  # twice: no hint named for it
     ({"kind": "number", "expected": 3.0, "hints": [[0.5, "halved."]]}, "1.5000001", "wrong", "halved."),
     # units: only for a question about bytes
@@ -512,6 +554,9 @@ VERDICTS = [  # spec, typed, state, words in the message
     ({"kind": "count", "expected": 8589934592}, "32 * 8192**2 * 4", "right", "Right"),
     ({"kind": "count", "expected": 8589934592}, "8,589,934,592", "right", "Right"),
     (GIB4, "4 GiB", "right", "Right"),
+    (GIB4, "４ ＧｉＢ", "right", "Right"),
+    ({"kind": "count", "expected": 1024}, "１０２４", "right", "Right"),
+    ({"kind": "shape", "expected": [12, 5, 7]}, "（１２， ５， ７）", "right", "Right"),
     (GIB4, "4294967296", "right", "Right"),
     (GIB4, "4294967296 bytes", "right", "Right"),
     (GIB4, "4,096 MiB", "right", "Right"),
@@ -581,21 +626,26 @@ def _attributes(check):
     return {k: v for k, v in box.items() if k.startswith("data-")}
 
 
-def test_the_script_reads_what_the_module_writes_and_accepts_the_shown_answer():
+def _typed(check):
+    """The expected value as a reader would type it: a shape in brackets, a count with commas,
+    a number with every digit it takes."""
+    if check.kind == "shape":
+        return "(" + ", ".join(str(n) for n in check.expected) + ")"
+    return f"{check.expected:,}" if check.kind == "count" else repr(check.expected)
+
+
+def test_the_script_reads_what_the_module_writes_and_accepts_the_typed_answer():
     """From self_check's HTML to the script's verdict: the data attributes, read by readSpec from
-    a fake element, and the answer as the disclosure shows it."""
+    a fake element, and the answer as a reader types it."""
     checks = [self_check("q?", 4_294_967_296, kind="count"), self_check("q?", 25.0),
               self_check("q?", 2.5, rtol=0.01), self_check("q?", (12, 5, 7), kind="shape"),
               self_check("q?", 1 / 3), self_check("q?", 4_294_967_296, kind="count", unit="bytes"),
               self_check("q?", 2**38, kind="count", hints={0.5: 'two "FLOPs" & more.'})]
-    cases = []
-    for check in checks:
-        shown = re.search(r"<code>([^<]*)</code></details>", check.html()).group(1)
-        cases.append([_attributes(check), shown])
-    got = in_node("""data.map(([attributes, shown]) => {
+    cases = [[_attributes(check), _typed(check)] for check in checks]
+    got = in_node("""data.map(([attributes, typed]) => {
         const element = {getAttribute: name => name in attributes ? attributes[name] : null};
         const spec = selfattnSelfCheck.readSpec(element);
-        return [spec, selfattnSelfCheck.verdict(element, shown).state];
+        return [spec, selfattnSelfCheck.verdict(element, typed).state];
     })""", cases)
     for check, (spec, state) in zip(checks, got, strict=True):
         assert spec["kind"] == check.kind

@@ -1,10 +1,14 @@
 """Heatmaps and the explorer, without a browser (tests/test_browser.py has the browser)."""
 
+import html
+import re
+
 import ipywidgets as widgets
 import matplotlib
 import numpy as np
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 import selfattn
 from selfattn.book.kit import train, viz
@@ -81,6 +85,16 @@ def leaves(widget):
     return [widget]
 
 
+def shown_text(caption_html):
+    return html.unescape(re.sub(r"<[^>]*>", "", caption_html))
+
+
+def alt_of(caption_html):
+    """The alt text a caption carries for its picture (kit.viz._caption_html)."""
+    found = re.search(r'data-selfattn-alt="([^"]*)"', caption_html)
+    return html.unescape(found.group(1)) if found else None
+
+
 def test_static_explorer_precomputes_every_state_and_links_controls_in_the_browser():
     before = set(widget_registry)
     e = viz.explorer(toy_view, {"scale": [0.0, 1.0, 2.0], "mask": ["none", "causal"]},
@@ -96,6 +110,10 @@ def test_static_explorer_precomputes_every_state_and_links_controls_in_the_brows
     assert {link.source[0] for link in links} == set(controls)
     assert all(link.source[1] == "index" and link.target[1] == "selected_index" for link in links)
     assert len(links) == 1 + 3 + 3 * 2  # one link per stack in the tree
+    # each picture says what it shows (the page's alt text: assets/widgets-config.js)
+    alts = {alt_of(p.children[1].value) for p in panels}
+    assert len(alts) == 12 and all(a.startswith("Heatmap of attention weights: scale ") for a in alts)
+    assert "keys along the bottom: d e f g" in alt_of(panels[-1].children[1].value)
 
 
 def test_static_explorer_refuses_too_many_states():
@@ -160,7 +178,7 @@ def test_live_explorer_redraws_on_every_control():
     seen.add(image.value)
     mask.value = "causal"
     seen.add(image.value)
-    assert len(seen) == 3 and caption.value.startswith("max")
+    assert len(seen) == 3 and shown_text(caption.value).startswith("max")
 
 
 def test_explorer_mode_follows_the_environment(monkeypatch):
@@ -173,10 +191,9 @@ def test_explorer_mode_follows_the_environment(monkeypatch):
 
 
 def curve(slope):
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(3, 2))
     fig.add_subplot().plot([0, 1], [0, slope])
+    fig.suptitle(f"slope {slope}")
     return fig
 
 
@@ -190,8 +207,21 @@ def test_explorer_draws_any_figure_too(static):
         pngs = [image.value]
         slope.value = 2
         pngs.append(image.value)
-        assert caption.value == ""
+        assert shown_text(caption.value) == ""
     assert len(pngs) == 2 and pngs[0] != pngs[1] and all(bytes(p[:4]) == b"\x89PNG" for p in pngs)
+    captions = [p.children[1].value for p in leaves(e.children[-1])] if static else [caption.value]
+    assert all(alt_of(c).startswith("Figure: slope") for c in captions), captions
+
+
+def test_alt_text_names_a_figures_titles_or_a_heatmaps_title_and_tokens():
+    view = viz.View(torch.eye(2), ["the", "cat"], title="temperature\n 2")
+    assert viz.alt_text(view) == ("Heatmap of attention weights: temperature 2; queries down the "
+                                  "side, keys along the bottom: the cat")
+    fig = Figure()
+    fig.suptitle("Two panels")
+    fig.add_subplot(1, 2, 1).set_title("left")
+    fig.add_subplot(1, 2, 2)
+    assert viz.alt_text(fig) == "Figure: Two panels; left"
 
 
 def test_seed_frame_has_a_row_per_seed_then_the_mean_and_range():

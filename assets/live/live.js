@@ -171,8 +171,13 @@
     });
   }
 
+  // Punctuation (Unicode's category P) is read as a space, and the caption says it was left
+  // out: "I saw a saw." is the sentence "i saw a saw" (selfattn.book.kit.live.tokenize, too).
+  const PUNCTUATION = /\p{P}/gu;
+
   function tokenize(spec, text) {
-    const words = text.toLowerCase().split(/\s+/).filter(Boolean);
+    const dropped = [...new Set(text.match(PUNCTUATION) || [])];
+    const words = text.replace(PUNCTUATION, " ").toLowerCase().split(/\s+/).filter(Boolean);
     if (!words.length) throw new InputError("Type a sentence first.");
     if (words.length > spec.max_tokens)
       throw new InputError(`That is ${words.length} words; this view takes at most ${spec.max_tokens}.`);
@@ -180,24 +185,33 @@
     for (const w of words) {
       const i = spec.words.indexOf(w);
       if (i < 0) {
-        const known = spec.words.filter((x) => x !== null);
-        const list = known.length > 16 ? `${known.slice(0, 12).join(" ")} … ${known[known.length - 1]}` : known.join(" ");
-        throw new InputError(`The word “${w}” is not in this model's vocabulary. It knows: ${list}`);
+        throw new InputError(`The word “${w}” is not in this model's vocabulary. It knows: ${vocabulary(spec)}`);
       }
       ids.push(i);
     }
-    return { words, ids };
+    return { words, ids, dropped };
+  }
+
+  // the words a spec knows, shortened to the first twelve and the last when there are many
+  function vocabulary(spec) {
+    const known = spec.words.filter((x) => x !== null);
+    return known.length > 16 ? `${known.slice(0, 12).join(" ")} … ${known[known.length - 1]}` : known.join(" ");
+  }
+
+  // what the caption adds when punctuation was left out
+  function droppedNote(dropped) {
+    return dropped.length ? `; punctuation left out: ${dropped.map((c) => `“${c}”`).join(" ")}` : "";
   }
 
   class InputError extends Error {}
 
   function compute(spec, text, options) {
-    const { words, ids } = tokenize(spec, text);
-    if (spec.kind === "attention") return { tokens: words, ...attentionForward(spec, ids, options) };
+    const { words, ids, dropped } = tokenize(spec, text);
+    if (spec.kind === "attention") return { tokens: words, dropped, ...attentionForward(spec, ids, options) };
     const name = options.model || Object.keys(spec.models)[0];
     const out = taggerForward(spec.models[name], ids);
     const predicted = out.logits.map((row) => spec.tags[row.indexOf(Math.max(...row))]);
-    return { tokens: words, ...out, predicted, rule: ruleTags(spec.rule, words) };
+    return { tokens: words, dropped, ...out, predicted, rule: ruleTags(spec.rule, words) };
   }
 
   // ---- drawing -------------------------------------------------------------------------------
@@ -205,7 +219,9 @@
   function drawHeatmap(canvas, rows, labels, masked, colors, title) {
     const T = labels.length, dpr = root.devicePixelRatio || 1;
     const text = getComputedStyle(canvas).color; // the theme's text colour (live.css), resolved
-    const font = '11px system-ui, -apple-system, "Segoe UI", sans-serif';
+    // the page's own font stack, the book's Chinese font first (a token such as 木 has a glyph
+    // where the system has none)
+    const font = `11px ${getComputedStyle(canvas).fontFamily || "system-ui, sans-serif"}`;
     const ctx0 = canvas.getContext("2d");
     ctx0.font = font;
     const labelW = Math.ceil(Math.max(...labels.map((l) => ctx0.measureText(l).width))) + 8;
@@ -286,12 +302,44 @@
     return [s, element("label", {}, [label + " ", s])];
   }
 
+  // The sentence box, its label and the message under it: the box is described by the message
+  // (aria-describedby) and marked invalid while the message is an error (aria-invalid).
+  function sentenceBox(name, value, describedBy) {
+    const input = element("input", { type: "text", value, spellcheck: false, autocomplete: "off",
+      autocapitalize: "off", className: "selfattn-live-text", id: `selfattn-live-${name}-text` });
+    const message = element("p", { className: "selfattn-live-message", id: `selfattn-live-${name}-message` });
+    input.setAttribute("aria-describedby", [...describedBy, message.id].join(" "));
+    const label = element("label", { className: "selfattn-live-sentence", htmlFor: input.id }, ["sentence"]);
+    const setMessage = (text) => {
+      message.textContent = text;
+      input.setAttribute("aria-invalid", text ? "true" : "false");
+    };
+    return { input, label, message, setMessage };
+  }
+
+  // A polite live region, out of sight, that says the result line (or the message) once the
+  // reader pauses, so that a screen reader does not read out every keystroke's result.
+  function announcer() {
+    const region = element("p", { className: "selfattn-live-status selfattn-visually-hidden" });
+    region.setAttribute("role", "status");
+    region.setAttribute("aria-live", "polite");
+    let timer = null;
+    const say = (text) => {
+      clearTimeout(timer);
+      timer = setTimeout(() => { region.textContent = text; }, ANNOUNCE_AFTER_MS);
+    };
+    return { region, say };
+  }
+  const ANNOUNCE_AFTER_MS = 600;
+
   function mount(div) {
     const spec = JSON.parse(div.querySelector("script.selfattn-live-spec").textContent);
     if (spec.kind === "minilm") return mountMiniLM(div, spec);
-    const input = element("input", { type: "text", value: spec.sentences[0], spellcheck: false, className: "selfattn-live-text" });
-    input.setAttribute("aria-label", "sentence");
-    const controls = [element("label", {}, ["sentence ", input])];
+    const vocab = element("p", { className: "selfattn-live-vocab", id: `selfattn-live-${spec.name}-vocab`,
+      textContent: `Words this model knows: ${vocabulary(spec)} (any other word gets a message; punctuation is left out)` });
+    const { input, label, message, setMessage } = sentenceBox(spec.name, spec.sentences[0], [vocab.id]);
+    const { region, say } = announcer();
+    const controls = [label, input];
     const state = {};
     let headSelect = null;
     if (spec.kind === "attention") {
@@ -316,25 +364,27 @@
       b.addEventListener("click", () => { input.value = s; redraw(); });
       examples.append(b, " ");
     });
-    const message = element("p", { className: "selfattn-live-message", role: "status" });
     const canvas = element("canvas", { className: "selfattn-live-canvas" });
     canvas.setAttribute("role", "img");
     const caption = element("p", { className: "selfattn-live-caption" });
     div.querySelector(".selfattn-live-fallback")?.remove(); // the spec's script stays
-    div.append(element("div", { className: "selfattn-live-controls" }, controls), examples, message, canvas, caption);
+    div.append(vocab, element("div", { className: "selfattn-live-controls" }, controls), examples, message,
+      canvas, caption, region);
 
     const options = () => Object.fromEntries(Object.entries(state).map(([k, s]) => [k, k === "temperature" ? Number(s.value) : s.value]));
-    function redraw() {
+    // quiet: a redraw the reader did not ask for (the first one, a change of theme) is not said
+    function redraw(quiet) {
       let out;
       try {
         out = compute(spec, input.value, options());
       } catch (e) {
         if (!(e instanceof InputError)) throw e;
-        message.textContent = e.message;
+        setMessage(e.message);
         canvas.hidden = true; caption.textContent = "";
+        if (quiet !== true) say(e.message);
         return;
       }
-      message.textContent = "";
+      setMessage("");
       canvas.hidden = false;
       const head = headSelect ? Number(headSelect.value) : 0;
       const rows = out.weights[0][head];
@@ -344,7 +394,9 @@
         : `${o.model ? o.model + ", " : ""}head ${head}`;
       drawHeatmap(canvas, rows, out.tokens, out.masked, spec.colors, title);
       canvas.setAttribute("aria-label", `attention weights, ${title}: ${out.tokens.join(" ")}`);
-      caption.textContent = spec.kind === "attention" ? entropyCaption(rows, o.mask === "causal") : tagCaption(out);
+      caption.textContent = (spec.kind === "attention" ? entropyCaption(rows, o.mask === "causal") : tagCaption(out)) +
+        droppedNote(out.dropped);
+      if (quiet !== true) say(caption.textContent);
     }
     function entropyCaption(rows, causal) {
       const H = rows.map((r) => -r.reduce((a, p) => a + (p > 0 ? p * Math.log(p) : 0), 0));
@@ -367,10 +419,10 @@
       return `the model's tag (the latest cue) agrees with the rule on ${agree} of ${pairs.length} tokens; ` +
         `last token: ${out.predicted[out.predicted.length - 1]}`;
     }
-    input.addEventListener("input", redraw);
-    for (const s of [...Object.values(state), headSelect]) if (s) s.addEventListener("change", redraw);
-    new MutationObserver(redraw).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
-    redraw();
+    input.addEventListener("input", () => redraw());
+    for (const s of [...Object.values(state), headSelect]) if (s) s.addEventListener("change", () => redraw());
+    new MutationObserver(() => redraw(true)).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+    redraw(true);
     api.explorers[spec.name] = {
       spec,
       // the test entry: tokens and weights (layer, head, query, key), as PyTorch would give
@@ -486,53 +538,86 @@
 
     function buildViewer(tokenizer, run) {
       const L = spec.layers, H = spec.heads;
-      const input = element("input", { type: "text", value: spec.sentences[0], spellcheck: false, className: "selfattn-live-text" });
-      input.setAttribute("aria-label", "sentence");
+      const { input, label, message, setMessage } = sentenceBox(spec.name, spec.sentences[0], []);
+      const { region, say } = announcer();
       const [layer, ll] = select("layer", [...Array(L).keys()]);
       const [head, hl] = select("head", [...Array(H).keys()]);
-      const message = element("p", { className: "selfattn-live-message", role: "status" });
       const canvas = element("canvas", { className: "selfattn-live-canvas" });
       canvas.setAttribute("role", "img");
       const caption = element("p", { className: "selfattn-live-caption" });
+      // the 72 heads as a group of radio buttons: one tab stop, the arrow keys move between
+      // heads (left and right) and layers (up and down), and the head in focus is shown above
       const grid = element("div", { className: "selfattn-live-grid" });
-      const gridTitle = element("p", { className: "selfattn-live-caption", textContent: `All ${L * H} heads (click one to show it above):` });
-      grid.style.gridTemplateColumns = `auto repeat(${H}, 1fr)`;
+      grid.setAttribute("role", "radiogroup");
+      grid.setAttribute("aria-label", `All ${L * H} heads`);
+      const gridTitle = element("p", { className: "selfattn-live-caption",
+        textContent: `All ${L * H} heads: click one, or use the arrow keys here (or the layer and head menus), to show it above.` });
+      grid.style.gridTemplateColumns = `auto repeat(${H}, minmax(1.6rem, 1fr))`;
       const thumbs = [];
-      grid.append(element("span"));
-      for (let h = 0; h < H; h++) grid.append(element("span", { className: "selfattn-live-gridlabel", textContent: `h${h}` }));
+      grid.append(element("span", { ariaHidden: "true" }));
+      for (let h = 0; h < H; h++) grid.append(element("span", { className: "selfattn-live-gridlabel", ariaHidden: "true", textContent: `h${h}` }));
       for (let l = 0; l < L; l++) {
-        grid.append(element("span", { className: "selfattn-live-gridlabel", textContent: `layer ${l}` }));
+        grid.append(element("span", { className: "selfattn-live-gridlabel", ariaHidden: "true", textContent: `layer ${l}` }));
         for (let h = 0; h < H; h++) {
-          const t = element("canvas", { className: "selfattn-live-thumb", title: `layer ${l}, head ${h}` });
-          t.addEventListener("click", () => { layer.value = String(l); head.value = String(h); draw(); });
+          const t = element("button", { type: "button", className: "selfattn-live-thumb", tabIndex: -1 },
+            [element("canvas", {})]);
+          t.setAttribute("role", "radio");
+          t.setAttribute("aria-label", `layer ${l}, head ${h}`);
+          t.addEventListener("click", () => pick(l, h));
           grid.append(t);
           thumbs.push([t, l, h]);
         }
       }
+      function pick(l, h, focus) {
+        layer.value = String(l); head.value = String(h); draw();
+        if (focus) thumbs[l * H + h][0].focus();
+      }
+      const MOVES = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+      grid.addEventListener("keydown", (event) => {
+        const l = Number(layer.value), h = Number(head.value);
+        let to = null;
+        if (MOVES[event.key]) to = [l + MOVES[event.key][0], h + MOVES[event.key][1]];
+        else if (event.key === "Home") to = [l, 0];
+        else if (event.key === "End") to = [l, H - 1];
+        if (!to) return;
+        event.preventDefault();
+        pick(Math.min(L - 1, Math.max(0, to[0])), Math.min(H - 1, Math.max(0, to[1])), true);
+      });
       const examples = element("div", { className: "selfattn-live-examples" }, ["try: "]);
       spec.sentences.forEach((s) => {
         const b = element("button", { type: "button", textContent: s });
         b.addEventListener("click", () => { input.value = s; typed(); });
         examples.append(b, " ");
       });
-      div.append(element("div", { className: "selfattn-live-controls" }, [element("label", {}, ["sentence ", input]), ll, hl]),
-        examples, message, canvas, caption, gridTitle, grid);
+      const gridBox = element("div", { className: "selfattn-live-gridbox" }, [grid]);
+      div.append(element("div", { className: "selfattn-live-controls" }, [label, input, ll, hl]),
+        examples, message, canvas, caption, gridTitle, gridBox, region);
 
       let last = null, busy = false, pending = null;
-      function draw() {
+      function draw(quiet) { // quiet: a redraw for a change of theme is not said
         if (!last) return;
         const { data, T, tokens, ms } = last, l = Number(layer.value), h = Number(head.value);
         drawHeatmap(canvas, headRows(data, T, l, h, H), tokens, null, spec.colors, `layer ${l}, head ${h}`);
         canvas.setAttribute("aria-label", `MiniLM attention, layer ${l}, head ${h}: ${tokens.join(" ")}`);
         for (const [t, tl, th] of thumbs) {
-          drawThumbnail(t, data, T, tl, th, H, spec.colors);
-          t.classList.toggle("selected", tl === l && th === h);
+          drawThumbnail(t.firstChild, data, T, tl, th, H, spec.colors);
+          const on = tl === l && th === h;
+          t.classList.toggle("selected", on);
+          t.setAttribute("aria-checked", String(on));
+          t.tabIndex = on ? 0 : -1;
         }
-        caption.textContent = `${T} word pieces; the model took ${ms.toFixed(1)} ms in this browser`;
+        caption.textContent = `${T} word pieces; the model took ${ms.toFixed(1)} ms in this browser` +
+          (tokens.includes("[UNK]") ? ". [UNK] stands for a character MiniLM's English vocabulary does not " +
+            "have (most Chinese characters, emoji): the model sees one unknown token in its place, " +
+            "so the attention to and from it says little" : "");
+        if (quiet !== true) say(greeting + caption.textContent);
+        greeting = "";
       }
-      const views = [canvas, caption, grid, gridTitle];
+      let greeting = "MiniLM is ready. "; // said once, with the first result
+      const views = [canvas, caption, gridBox, gridTitle];
       function hide(text) { // a message instead of a view of other text
-        message.textContent = text;
+        setMessage(text);
+        say(text);
         for (const v of views) v.hidden = true;
       }
       async function typed() {
@@ -547,7 +632,7 @@
         const r = await run(ids);
         busy = false;
         if (input.value !== text || pending) { pending = false; return typed(); } // stale: redo
-        message.textContent = "";
+        setMessage("");
         for (const v of views) v.hidden = false;
         last = { data: r.attentions, T: r.T, tokens, ms: r.ms };
         draw();
@@ -556,8 +641,9 @@
       input.addEventListener("input", typed);
       layer.addEventListener("change", draw);
       head.addEventListener("change", draw);
-      new MutationObserver(draw).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+      new MutationObserver(() => draw(true)).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
       typed();
+      input.focus(); // the button that had the focus is gone: the reader goes on in the box
     }
   }
 

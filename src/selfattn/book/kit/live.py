@@ -28,6 +28,7 @@ import math
 import os
 import pathlib
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -68,9 +69,11 @@ def _check_words(words: Sequence[str | None]) -> list[str | None]:
         raise ValueError("words must name at least one token")
     if len(set(named)) != len(named):
         raise ValueError("words must not repeat: each names one token id")
-    bad = [w for w in named if not isinstance(w, str) or not re.fullmatch(r"\S+", w)]
+    bad = [w for w in named if not isinstance(w, str) or not re.fullmatch(r"\S+", w)
+           or _without_punctuation(w) != w]
     if bad:
-        raise ValueError(f"each word must be one non-empty token without spaces, got {bad[0]!r}")
+        raise ValueError(f"each word must be one non-empty token without spaces or punctuation "
+                         f"(the page reads punctuation as a space), got {bad[0]!r}")
     return words
 
 
@@ -157,11 +160,18 @@ def _spec(name: str, kind: str, words: list[str | None], sentences: Sequence[str
     return spec
 
 
+def _without_punctuation(text: str) -> str:
+    r"""``text`` with every punctuation mark (Unicode's category P) read as a space, as live.js's
+    ``\p{P}`` does."""
+    return "".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in text)
+
+
 def tokenize(spec: Mapping, text: str) -> list[int]:
-    """The token ids of ``text`` (words split on spaces, lowercased), as the page reads it;
+    """The token ids of ``text`` as the page reads it: punctuation (Unicode's category P) read as
+    a space, words split on spaces and lowercased, so that "I saw a saw." is "i saw a saw";
     ``ValueError`` naming the first unknown word, or for too many or no words."""
     ids = {w: i for i, w in enumerate(spec["words"]) if w is not None}
-    words = text.lower().split()
+    words = _without_punctuation(text).lower().split()
     if not words:
         raise ValueError("type a sentence first")
     if len(words) > spec["max_tokens"]:

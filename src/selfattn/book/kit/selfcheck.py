@@ -23,6 +23,9 @@ The kinds, and what the page accepts (``assets/selfcheck.js``):
 * ``"shape"``: a tuple of whole numbers, right only when equal: ``(2, 8, 16)``, ``2, 8, 16``,
   ``[2, 8, 16]``, ``torch.Size([2, 8, 16])`` or ``2 x 8 x 16``.
 
+Each is read after NFKC normalization, so the full-width digits and punctuation a Chinese input
+method types (``１０２４``, ``（12，5，7）``) are read as their ASCII forms.
+
 A number or a count that is a size in bytes says so with ``unit="bytes"``: only then does the page
 accept a unit after it, ``3 MiB`` (KiB, MiB, GiB, TiB: powers of 2), ``3 MB`` (kB, MB, GB, TB:
 powers of 10) or ``bytes``; any other question refuses a unit, so that ``256 GiB`` is not a count
@@ -32,12 +35,18 @@ A wrong answer gets "not yet" and what is off, never the answer:
 
 * a number or a count within 1 % of the answer (:data:`CLOSE`) but not right, a rounded answer,
   is "close": the reader is asked for the exact count or for more digits;
-* one that is the answer times a factor named in ``hints`` gets that hint (a FLOP count that is
-  half the answer: "a multiply-add counts as two FLOPs");
+* one that is the answer times a factor named in ``hints``, exactly or within the same 1 %,
+  gets that hint (a FLOP count that is half the answer, ``1.37e11`` for half of ``2**38``: "a
+  multiply-add counts as two FLOPs");
 * for bytes, a bare number that is the answer in KiB, MiB, GiB or TiB is asked for its unit, and
   a decimal unit that would be right as the binary one (GB for GiB) says which is which;
 * otherwise "too high" or "too low"; for a shape, whether the number of dimensions or which
-  dimension differs. The answer itself stays behind a "show the answer" disclosure.
+  dimension differs. The answer is in the exercise's folded solution, the page's one reveal.
+
+The exercise's text above the box states the problem; the box does not repeat it. Its question is
+what the box asks for: the exercise's own question in a few words where it asks for a value, or
+the value at concrete sizes where it asks for a function ("How many parameters does
+`MultiHeadAttention(512, 8)` have?"), or the sub-question that checks a fix.
 """
 
 from __future__ import annotations
@@ -95,7 +104,7 @@ class SelfCheck:
                 "the page; here, run the checker cell below.")
 
     def html(self) -> str:
-        """The widget of the static book: question, text box, Check button, verdict, answer."""
+        """The widget of the static book: question, text box, Check button, verdict."""
         ident = "selfattn-selfcheck-" + hashlib.sha1(
             f"{self.kind}|{self.unit}|{self.question}|{_data(self)}".encode()).hexdigest()[:12]
         attributes = f'data-kind="{self.kind}" data-expected="{html.escape(_data(self))}"'
@@ -108,15 +117,15 @@ class SelfCheck:
         return (
             f'<div class="selfattn-selfcheck" {attributes}>'
             f'<label class="selfattn-selfcheck-question" for="{ident}">'
-            f'<span class="selfattn-selfcheck-label">Check yourself.</span> '
+            f'<span class="selfattn-selfcheck-label">Your answer.</span> '
             f"{_inline(self.question)}</label>"
             '<div class="selfattn-selfcheck-row">'
             f'<input id="{ident}" type="text" autocomplete="off" spellcheck="false" '
-            f'autocapitalize="off" placeholder="{_PLACEHOLDER[self.unit or self.kind]}">'
+            f'autocapitalize="off" aria-describedby="{ident}-verdict" '
+            f'placeholder="{_PLACEHOLDER[self.unit or self.kind]}">'
             '<button type="button" disabled>Check</button></div>'
-            '<p class="selfattn-selfcheck-verdict" role="status" aria-live="polite"></p>'
-            '<details class="selfattn-selfcheck-answer"><summary>Show the answer</summary>'
-            f"<code>{html.escape(_shown(self))}</code></details>"
+            f'<p id="{ident}-verdict" class="selfattn-selfcheck-verdict" role="status" '
+            'aria-live="polite"></p>'
             "</div>")
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
@@ -132,8 +141,9 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
     """A self-check for the page: ``question``, answered by ``expected``.
 
     Args:
-        question: the question, with the concrete sizes it asks about (a formula's answer is asked
-            as its value at those sizes); text in backticks is shown as code.
+        question: what the box asks, after "Your answer." and below the exercise's text, which
+            it does not repeat: the exercise's question in a few words, or a formula's value at
+            the concrete sizes it gives; text in backticks is shown as code.
         expected: the answer, computed by the chapter, never typed: a real number for ``kind=
             "number"``, an int for ``"count"``, a tuple (or ``torch.Size``) of ints for ``"shape"``.
         kind: ``"number"`` (right within ``rtol``), ``"count"`` or ``"shape"`` (right when equal).
@@ -144,8 +154,9 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
             MiB, GiB or TiB for its unit. ``None`` (the default): the answer is a plain number, and
             the page refuses a unit after it.
         hints: for a number or a count, ``{factor: hint}``: an answer equal to ``factor`` times
-            the expected value gets ``hint`` (``{0.5: "a multiply-add counts as two FLOPs."}``).
-            A hint names the slip, never the answer.
+            the expected value, or within 1 % of it (:data:`CLOSE`), gets ``hint`` (``{0.5: "a
+            multiply-add counts as two FLOPs."}``). A hint names the slip, never the answer; its
+            factor is further from 1 than "close" reaches.
 
     Returns the :class:`SelfCheck` that Jupyter displays: the widget when ``SELFATTN_STATIC=1``
     (the book build), a one-line note without the answer otherwise (a live kernel).
@@ -154,7 +165,7 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
     empty question, an unknown kind, an expected value that is not finite, a count or a dimension
     below zero or beyond what the page's JavaScript holds exactly, ``rtol`` outside [0, 1) or
     given for an exact kind, an unknown unit, a unit or hints given for a shape, a hint's factor
-    that is not a positive finite number other than 1, or an empty hint.
+    that is not a positive finite number further from 1 than "close" reaches, or an empty hint.
     """
     if not isinstance(question, str):
         raise TypeError(f"question must be a str, got {type(question).__name__}")
@@ -214,6 +225,9 @@ def _hints(hints: object, kind: str) -> tuple[tuple[float, str], ...]:
         if not math.isfinite(factor) or factor <= 0 or factor == 1:
             raise ValueError(f"a hint's factor must be a positive finite number other than 1, "
                              f"got {factor!r}")
+        if (1 - CLOSE) * factor <= 1 + CLOSE and (1 + CLOSE) * factor >= 1 - CLOSE:
+            raise ValueError(f"a hint's factor must be further from 1 than the page's 'close' "
+                             f"(within {CLOSE:.0%}) reaches, got {factor!r}")
         if not isinstance(hint, str):
             raise TypeError(f"a hint must be a str, got {type(hint).__name__}")
         hint = " ".join(hint.split())
@@ -237,15 +251,6 @@ def _data(check: SelfCheck) -> str:
     """The expected value as the page's script reads it (JSON)."""
     value = list(check.expected) if check.kind == "shape" else check.expected
     return json.dumps(value)
-
-
-def _shown(check: SelfCheck) -> str:
-    """The expected value as a reader would write it."""
-    if check.kind == "shape":
-        return "(" + ", ".join(str(n) for n in check.expected) + ")"
-    if check.kind == "count" or (float(check.expected).is_integer() and abs(check.expected) < 1e15):
-        return f"{int(check.expected):,}"
-    return repr(check.expected)  # every digit it takes to be exact, so rtol=0 accepts it too
 
 
 def _inline(text: str) -> str:

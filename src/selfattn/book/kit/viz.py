@@ -306,7 +306,7 @@ def _static_explorer(widgets: ModuleType, show: Callable[..., View | Figure | st
     pngs: dict[tuple, tuple[bytes, str] | str] = {}
     for combo in itertools.product(*options):
         view = show(**dict(zip(names, combo, strict=True)))
-        pngs[combo] = view if isinstance(view, str) else (render_png(view), _caption(view))
+        pngs[combo] = view if isinstance(view, str) else (render_png(view), _caption_html(view))
     size = sum(len(p[0]) for p in pngs.values() if not isinstance(p, str))
     if size > MAX_PAGE_BYTES:
         raise ValueError(f"the precomputed heatmaps take {size / 1e6:.1f} MB, over "
@@ -358,7 +358,7 @@ def _live_explorer(widgets: ModuleType, show: Callable[..., View | Figure | str]
         message.value = ""
         image.layout.display = caption.layout.display = None
         image.value = render_png(view)
-        caption.value = html.escape(_caption(view))
+        caption.value = _caption_html(view)
 
     for w in inputs:
         w.observe(redraw, names="value")
@@ -375,6 +375,29 @@ def _box(widgets: ModuleType, children: list) -> ipywidgets.VBox:
 
 def _caption(view: View | Figure) -> str:
     return "" if isinstance(view, Figure) else view.caption
+
+
+def _caption_html(view: View | Figure) -> str:
+    """The line under an explorer's picture, carrying the picture's alt text in an empty span's
+    ``data-selfattn-alt``: ipywidgets' Image has no alt, and its tooltip breaks the view of an
+    Image in ipywidgets 8's JavaScript (it reads the ``description`` an Image lacks). The book's
+    page moves it onto the image (assets/widgets-config.js)."""
+    return (f'<span data-selfattn-alt="{html.escape(alt_text(view))}"></span>'
+            f"{html.escape(_caption(view))}")
+
+
+def alt_text(view: View | Figure) -> str:
+    """What an explorer's picture shows, for a screen reader: a heatmap's title and tokens, or a
+    figure's titles."""
+    if isinstance(view, Figure):
+        titles = [view.get_suptitle()] + [ax.get_title() for ax in view.axes]
+        titles = [" ".join(t.split()) for t in titles if t.strip()]
+        return "Figure: " + "; ".join(titles) if titles else "Figure"
+    shown = f"Heatmap of attention weights: {' '.join(view.title.split())}" if view.title.strip() \
+        else "Heatmap of attention weights"
+    hatched = "; masked cells hatched" if view.mask is not None else ""
+    return (f"{shown}; queries down the side, keys along the bottom: "
+            f"{' '.join(map(str, view.x_tokens))}{hatched}")
 
 
 def _control(widgets: ModuleType, name: str, options: list) -> ipywidgets.ValueWidget:
@@ -394,7 +417,7 @@ def _panel(widgets: ModuleType, content: tuple[bytes, str] | str) -> ipywidgets.
         return widgets.HTML(_message_html(content))
     png, caption = content
     # flex-start: a caption wider than its picture must not stretch the picture to its width
-    return widgets.VBox([widgets.Image(value=png, format="png"), widgets.HTML(html.escape(caption))],
+    return widgets.VBox([widgets.Image(value=png, format="png"), widgets.HTML(caption)],
                         layout=widgets.Layout(align_items="flex-start"))
 
 
