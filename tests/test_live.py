@@ -203,15 +203,15 @@ def test_the_markup_appears_only_in_the_static_book(monkeypatch, capsys):
 
 
 def test_the_minilm_spec_states_the_sizes_of_the_files_it_will_fetch(tmp_path):
-    for name in [live.MINILM_FILES["model"], live.MINILM_FILES["vocab"],
-                 *live.MINILM_FILES["runtime"]]:
+    for name in [live.MINILM_MODEL, live.MINILM_VOCAB,
+                 *live.MINILM_RUNTIME]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x" * (len(name) * 1000))
     spec = live.minilm_spec("test-minilm", ["I saw a saw."], vendor=tmp_path)
-    assert spec["bytes"]["model"] == len(live.MINILM_FILES["model"]) * 1000
-    assert spec["bytes"]["runtime"] == sum(len(n) * 1000 for n in live.MINILM_FILES["runtime"])
+    assert spec["bytes"]["model"] == len(live.MINILM_MODEL) * 1000
+    assert spec["bytes"]["runtime"] == sum(len(n) * 1000 for n in live.MINILM_RUNTIME)
     assert (spec["layers"], spec["heads"]) == (6, 12)
-    (tmp_path / live.MINILM_FILES["model"]).unlink()
+    (tmp_path / live.MINILM_MODEL).unlink()
     with pytest.raises(FileNotFoundError, match="make book"):
         live.minilm_spec("test-minilm", ["I saw a saw."], vendor=tmp_path)
 

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ... import masks
 from ...attention import scaled_dot_product_attention
+from ...multihead import MultiHeadAttention
 from ..tagging import AttentionTagger
 from .viz import STATIC_ENV
 
@@ -83,9 +84,9 @@ def attention_spec(name: str, words: Sequence[str], embedding: Tensor, W_q: Tens
     """Chapter 2's view: word ``i`` of ``words`` has the vector ``embedding[i]`` ``(V, d_model)``;
     queries ``x W_q`` and keys ``x W_k`` ``(d_model, d_k)``; the reader picks the temperature
     among ``temperatures`` and a mask (none or causal) and types a sentence of these words."""
-    words = _check_words(words)
-    if embedding.ndim != 2 or embedding.shape[0] != len(words):
-        raise ValueError(f"embedding must be (len(words), d_model) = ({len(words)}, d), "
+    checked = _check_words(words)
+    if embedding.ndim != 2 or embedding.shape[0] != len(checked):
+        raise ValueError(f"embedding must be (len(words), d_model) = ({len(checked)}, d), "
                          f"got {tuple(embedding.shape)}")
     for label, W in (("W_q", W_q), ("W_k", W_k)):
         if W.ndim != 2 or W.shape[0] != embedding.shape[1]:
@@ -96,7 +97,7 @@ def attention_spec(name: str, words: Sequence[str], embedding: Tensor, W_q: Tens
                          f"{tuple(W_k.shape)}")
     if not temperatures or any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be positive numbers, got {list(temperatures)}")
-    return _spec(name, "attention", words, sentences, max_tokens,
+    return _spec(name, "attention", checked, sentences, max_tokens,
                  temperatures=[float(t) for t in temperatures], masks=["none", "causal"],
                  weights={"embedding": _encode(embedding), "W_q": _encode(W_q),
                           "W_k": _encode(W_k)})
@@ -116,7 +117,7 @@ def tagger_spec(name: str, taggers: Mapping[str, AttentionTagger], words: Sequen
         raise ValueError("taggers must hold at least one model")
     models = {}
     for key, model in taggers.items():
-        if not isinstance(model, AttentionTagger) or not hasattr(model.attn, "config"):
+        if not isinstance(model, AttentionTagger) or not isinstance(model.attn, MultiHeadAttention):
             raise TypeError(f"{key!r}: a live tagger is an AttentionTagger with the multi-head "
                             f"layer (no scorer), got {type(model).__name__}")
         cfg = model.attn.config
@@ -217,9 +218,10 @@ def rebuild(spec: Mapping, model: str | None = None) -> AttentionTagger:
 VENDOR = pathlib.Path(__file__).resolve().parents[4] / "_vendor"  # what make puts in _static/
 
 
-MINILM_FILES = {"model": "minilm/minilm-attention-fp16.onnx", "vocab": "minilm/vocab.txt",
-                "runtime": ("ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.mjs",
-                            "ort/ort-wasm-simd-threaded.wasm")}
+MINILM_MODEL = "minilm/minilm-attention-fp16.onnx"
+MINILM_VOCAB = "minilm/vocab.txt"
+MINILM_RUNTIME = ("ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.mjs",
+                  "ort/ort-wasm-simd-threaded.wasm")
 
 
 def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
@@ -229,14 +231,14 @@ def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
     Nothing is downloaded until the reader presses a button, which states the size: the files
     ``make`` exported and copied into ``_vendor`` (``tools/export_minilm.py``: the model with
     float16 weights, checked against PyTorch; the runtime from npm), measured here."""
-    missing = [f for f in (MINILM_FILES["model"], MINILM_FILES["vocab"], *MINILM_FILES["runtime"])
+    missing = [f for f in (MINILM_MODEL, MINILM_VOCAB, *MINILM_RUNTIME)
                if not (vendor / f).exists()]
     if missing:
         raise FileNotFoundError(f"{missing[0]} is not in {vendor}: `make book` exports the model "
                                 "and copies the runtime there before the chapters run")
-    size = {"model": (vendor / MINILM_FILES["model"]).stat().st_size,
-            "vocab": (vendor / MINILM_FILES["vocab"]).stat().st_size,
-            "runtime": sum((vendor / f).stat().st_size for f in MINILM_FILES["runtime"])}
+    size = {"model": (vendor / MINILM_MODEL).stat().st_size,
+            "vocab": (vendor / MINILM_VOCAB).stat().st_size,
+            "runtime": sum((vendor / f).stat().st_size for f in MINILM_RUNTIME)}
     sentences = _check_name_and_sentences(name, sentences)
     from ..pretrained import BertConfig, find_model_dir
 
@@ -244,8 +246,8 @@ def minilm_spec(name: str, sentences: Sequence[str], *, max_pieces: int = 48,
     return {"name": name, "kind": "minilm", "sentences": sentences, "max_pieces": max_pieces,
             "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
             "colors": _colormap(), "bytes": size,
-            "model": MINILM_FILES["model"], "vocab": MINILM_FILES["vocab"],
-            "ort": MINILM_FILES["runtime"][0], "wasm": "ort/", "worker": "live/minilm-worker.mjs",
+            "model": MINILM_MODEL, "vocab": MINILM_VOCAB,
+            "ort": MINILM_RUNTIME[0], "wasm": "ort/", "worker": "live/minilm-worker.mjs",
             "tokenizer": "live/wordpiece.js"}
 
 

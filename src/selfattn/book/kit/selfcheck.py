@@ -222,6 +222,7 @@ def _hints(hints: object, kind: str) -> tuple[tuple[float, str], ...]:
     for factor, hint in hints.items():
         if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
             raise TypeError(f"a hint's factor must be a number, got {factor!r}")
+        factor = float(factor)
         if not math.isfinite(factor) or factor <= 0 or factor == 1:
             raise ValueError(f"a hint's factor must be a positive finite number other than 1, "
                              f"got {factor!r}")
@@ -233,7 +234,7 @@ def _hints(hints: object, kind: str) -> tuple[tuple[float, str], ...]:
         hint = " ".join(hint.split())
         if not hint:
             raise ValueError(f"the hint for factor {factor!r} is empty")
-        out.append((float(factor), hint))
+        out.append((factor, hint))
     return tuple(out)
 
 
@@ -249,7 +250,7 @@ def _whole(n: object, what: str, minimum: int | None = None) -> int:
 
 def _data(check: SelfCheck) -> str:
     """The expected value as the page's script reads it (JSON)."""
-    value = list(check.expected) if check.kind == "shape" else check.expected
+    value = list(check.expected) if isinstance(check.expected, tuple) else check.expected
     return json.dumps(value)
 
 
