@@ -332,6 +332,28 @@ def test_a_rolling_cache_decodes_without_copying_its_window(kind, layout):
     assert [s.total for s in costs[64]] == [s.total for s in costs[512]]  # whatever the window
 
 
+@pytest.mark.parametrize("kind", ROLLING)
+def test_a_rolling_cache_moves_a_masks_columns_not_its_window(kind):
+    """A padding mask (B, 1, 1, S), given by position, meets keys in the order of the ring's
+    slots: the step gathers the mask's columns (B*S booleans, and the (S,) order), never the
+    window's keys and values (before: the mask was applied to the wrong keys)."""
+    torch.manual_seed(0)
+    B, window = 2, 512
+    m = selfattn.MultiHeadAttention(64, 4).eval()
+    cache = ROLLING[kind](window)
+    with torch.no_grad():
+        m(torch.randn(B, window + 5, 64), is_causal=True, kv_cache=cache)
+        S = cache.size_after(1)
+        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        keep[1, ..., :3] = False
+        s = spend(lambda: m(torch.randn(B, 1, 64), is_causal=True, kv_cache=cache,
+                            attn_mask=keep))
+    assert "cat" not in s.ops and s.ops["index"] == 1, s.ops  # one gather: the mask's
+    keys = cache.nbytes // 2  # the window's keys: what a copy of them would allocate
+    assert s.largest <= S * 8 < keys / 32, s.largest  # (S,) integers: the order, its inverse
+    assert s.total <= cache.nbytes / 8, (s.total, cache.nbytes)
+
+
 def test_a_rolling_cache_still_orders_its_window_for_a_chunk_and_under_autograd():
     """What the fast step leaves to the ordered one: a chunk (it needs the band mask) and a step
     that autograd records (writing into saved views would invalidate them): both copy the window,

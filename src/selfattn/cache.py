@@ -30,9 +30,11 @@ What a step costs (asserted in tests/test_costs.py): :class:`KVCache` writes the
 its buffer and returns views of it (a copy of the whole cache only when it doubles, or, with
 autograd recording, at every step); :class:`SlidingWindowCache` and :class:`SinkCache` write the
 new token into its slot and return their buffers themselves for one new token (no copy, whatever
-the window), and gather the keys in order of position only for a chunk of several, which needs
-its band mask; :class:`PagedKVCache` gathers the sequence's blocks into one tensor at every step
-(a copy of what it holds: the readable stand-in for a kernel that reads the blocks in place).
+the window; a mask given with it has its columns put in the order of the slots,
+:meth:`Cache.order`), and gather the keys in order of position only for a chunk of several,
+which needs its band mask; :class:`PagedKVCache` gathers the sequence's blocks into one tensor
+at every step (a copy of what it holds: the readable stand-in for a kernel that reads the blocks
+in place).
 
 Keys are cached as the layer hands them over: with RoPE, already rotated at their own positions.
 """
@@ -65,8 +67,8 @@ class Cache(ABC):
         return the keys and values the ``T`` new queries attend to, ``(B, H_kv, S, ...)`` with
         ``S = size_after(T)``, in the cache's order: by position, the new tokens last, except
         one token into a rolling buffer (:class:`SlidingWindowCache`, :class:`SinkCache`),
-        which comes back in the order of the buffer's slots (a layer's weights for that step
-        follow the same order)."""
+        which comes back in the order of the buffer's slots; :meth:`order` says how to put
+        them back in order of position."""
 
     @abstractmethod
     def size_after(self, T: int) -> int:
@@ -77,6 +79,14 @@ class Cache(ABC):
         """Called right after ``append`` of ``T`` tokens: the bool ``(T, S)`` mask (True = may
         attend) that causal attention under this cache's rule gives the new queries over the
         returned keys; ``None`` when every new query may see every returned key."""
+
+    def order(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
+        """Called right after ``append`` of ``T`` tokens: ``None`` when it returned the keys in
+        order of position; otherwise the ``(S,)`` indices that put them in that order
+        (``keys[:, :, order]`` is by position). A layer reads a caller's ``attn_mask``, which is
+        over the keys by position, in the cache's order with it, and gives its weights back by
+        position, so that neither depends on how the cache stores its tokens."""
+        return None
 
     def is_plain_causal(self, T: int) -> bool:
         """Called right after ``append`` of ``T`` tokens: whether :meth:`mask` is PyTorch's own
@@ -403,6 +413,7 @@ class _RollingCache(Cache):
         self.length = 0
         self._k: Tensor | None = None  # (B, H_kv, n_sink + window, hd), at the first append
         self._v: Tensor | None = None
+        self._by_slot = False  # the last append returned the buffer in an order not by position
 
     def _seen(self, P: int) -> tuple[range, range]:
         """The positions of the cached tokens that the token at position ``P`` may see: the sinks
@@ -425,10 +436,11 @@ class _RollingCache(Cache):
 
         One new token (decoding): it is written into its slot, over the token ``window``
         positions before it, which it may not see, and the buffers themselves come back (views,
-        valid until the next ``append``): exactly the tokens it sees, in the order of their slots.
-        A single query's softmax and weighted sum do not depend on the order of the keys, and
-        the keys are stored already rotated (RoPE), so nothing is gathered or copied, whatever
-        the window (Mistral's rolling buffer).
+        valid until the next ``append``): exactly the tokens it sees, in the order of their slots
+        (:meth:`order` gives the way back to the order of position). A single query's softmax
+        and weighted sum do not depend on the order of the keys, and the keys are stored already
+        rotated (RoPE), so nothing is gathered or copied, whatever the window (Mistral's rolling
+        buffer); only a mask over the keys must follow their order, which the layer sees to.
 
         A chunk of several, or one token while autograd records (writing into a buffer that
         autograd saved views of would invalidate them): the cached tokens the first new one may
@@ -450,8 +462,12 @@ class _RollingCache(Cache):
             self._k[:, :, slot : slot + 1] = k  # (B, H_kv, 1, hd)
             self._v[:, :, slot : slot + 1] = v  # (B, H_kv, 1, hd_v)
             self.length = P + 1
-            kept = min(P + 1, self.n_sink + self.window)  # the slots filled so far
+            size = self.n_sink + self.window
+            kept = min(P + 1, size)  # the slots filled so far
+            # by position until the ring wraps, and again whenever the newest is in its last slot
+            self._by_slot = P >= size and slot != size - 1
             return self._k[:, :, :kept], self._v[:, :, :kept]  # (B, H_kv, S, hd), views
+        self._by_slot = False
         # the cached tokens the first new query may see, in order of position, then the new ones
         sinks, recent = self._seen(P)
         seen = torch.cat([torch.arange(sinks.start, sinks.stop, device=device),
@@ -482,6 +498,18 @@ class _RollingCache(Cache):
         sinks, recent = self._seen(self.length - T)
         S = len(sinks) + len(recent) + T
         return causal_mask(T, S, offset=S - T, window=self.window, n_sink=self.n_sink, device=device)
+
+    def order(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
+        """After one token into a full ring (the only case that returns the slots' order): the
+        slot of each key it sees, the sinks then the window, by position."""
+        if not self._by_slot:
+            return None
+        P = self.length - 1  # the token just appended
+        sinks, recent = self._seen(P)
+        n = len(sinks)
+        j = torch.arange(n + P + 1 - recent.start, device=device)  # (S,): the keys by position
+        positions = torch.where(j < n, j, j - n + recent.start)  # the sinks, then the window
+        return self._slots(positions)  # (S,)
 
     def is_plain_causal(self, T: int) -> bool:
         return self.length == T and T <= self.n_sink + self.window

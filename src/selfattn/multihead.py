@@ -141,18 +141,23 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
 
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
-        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
+        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``, its
+        columns the keys in order of position.
         ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
         ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: any
         :class:`~selfattn.cache.Cache`, for self-attention only (``key`` and ``value`` left out,
         or ``query`` itself; anything else is a ``ValueError``: a cache would append a
         cross-attention memory again at every step); the new keys and values are appended to it
         and attention covers the keys it returns, ``S = kv_cache.size_after(L)`` of them
-        (``attn_mask`` is over those), each new query seeing those the cache's rule allows under
-        ``is_causal`` (:func:`~selfattn.cache.causal_after_append`), and every one without it.
+        (``attn_mask`` is over those, by position: the sinks and the window of a rolling cache,
+        oldest first), each new query seeing those the cache's rule allows under ``is_causal``
+        (:func:`~selfattn.cache.causal_after_append`), and every one without it. A rolling cache
+        hands one new token's keys back in the order of its slots, without a copy; the layer
+        then moves the mask's columns to that order (:meth:`~selfattn.cache.Cache.order`: a
+        mask-sized gather, never one of the keys).
 
-        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in the
-        order the cache returns them (:meth:`~selfattn.cache.Cache.append`).
+        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in order
+        of position, whatever the cache and the grad mode.
 
         What reaches the kernel (tests/test_costs.py): a plain causal call (no mask, no cache,
         or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
@@ -179,15 +184,21 @@ class MultiHeadAttention(nn.Module):
         if cfg.rope:
             q = _apply_rope(q, torch.arange(P, P + L, device=q.device))
             k = _apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
-        # cache: the keys and values the new queries attend to (the keys are stored rotated)
+        # cache: the keys and values the new queries attend to (the keys are stored rotated),
+        # and, where the cache keeps them in another order, how to put them by position
+        order = None
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
+            if attn_mask is not None or need_weights:
+                order = kv_cache.order(L, device=q.device)  # (S,) or None: by position
         # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
         # 0..S-1; after a cache the queries sit at P..P+L-1 and the cache may have dropped keys,
         # so the cache says which returned keys each new query sees (None: all of them)
         S = k.shape[2]
         if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
             attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
+            if order is not None and attn_mask.shape[-1] > 1:  # given by position: its columns
+                attn_mask = attn_mask[..., order.argsort()]  # (b, h, l, S) in the cache's order
         if is_causal and kv_cache is not None:
             is_causal, keep = causal_after_append(kv_cache, L, device=q.device)
             attn_mask = _and(attn_mask, keep)  # keep None: no mask needed
@@ -198,6 +209,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = cfg.dropout_p if self.training else 0.0
         out, weights = fastpaths.attend_heads(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                               dropout_p=dropout_p, need_weights=need_weights)
+        if order is not None and weights is not None:
+            weights = weights[..., order]  # (B, H, L, S): back in order of position
         # merge heads
         return self.out_proj(_merge_heads(out)), weights  # (B, L, out_dim)
 
