@@ -23,7 +23,8 @@ Each contract is stated in the docstring of the code it holds for, and asserted 
   ``split_kv`` never copy the cache.
 * The functional ``scaled_dot_product_attention`` returns the weights, so it holds ``(L, S)``
   tensors: at most four at once.
-* ``check_mask`` reads a mask's values only on a CPU (no device synchronisation).
+* ``check_mask``: the layer reads a mask's values only on a CPU (no device synchronisation);
+  the functions that return the weights on every device.
 
 Every contract here failed on the code before it was written down, for each defect it names
 (the commit that added this file says how that was checked).
@@ -505,14 +506,33 @@ def test_the_functional_form_holds_at_most_four_score_matrices():
             assert s.peak <= 4.2 * weights, (kwargs.keys(), s.peak / weights)
 
 
-def test_check_mask_reads_values_only_on_a_cpu():
-    """A mask on another device (meta here, standing for a GPU) is checked by shape and dtype
-    only: reading its values would wait for the device at every forward."""
+def test_the_layer_reads_a_masks_values_on_a_cpu_only_the_functions_everywhere():
+    """The 0/1 scan of a float mask reads its values. The layer's forward does it only on a CPU
+    (on a GPU the read would wait for the device at every call); the functions that return the
+    weights do it on every device (before: on a CPU only, so chapter 2's cell, a 0/1 float mask
+    given to scaled_dot_product_attention on pick_device(), stopped raising on a GPU). The meta
+    device stands for a GPU: it has no values, so the read is seen as an aminmax there, then an
+    error."""
     from selfattn.checks import check_mask
 
-    check_mask(torch.zeros(4, 4, device="meta"), (1, 2, 4, 4))  # no value read: no error
+    q = torch.randn(1, 2, 4, 8, device="meta")
+    mask = torch.zeros(4, 4, device="meta")
+    for function in (lambda: selfattn.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+                     lambda: selfattn.masked_softmax(q @ q.mT, mask)):
+        recorder = _Recorder()
+        with recorder, pytest.raises((RuntimeError, NotImplementedError)):
+            function()  # meta tensors hold no values
+        assert recorder.spend.ops["aminmax"] == 1, recorder.spend.ops
+    layer = selfattn.MultiHeadAttention(16, 2, n_kv_heads=1).to("meta")
+    for need_weights in (False, True):
+        cost = spend(lambda need_weights=need_weights: layer(
+            torch.randn(1, 4, 16, device="meta"), attn_mask=mask, need_weights=need_weights))
+        assert "aminmax" not in cost.ops, cost.ops  # shape and dtype only: no read, no error
+    eye = torch.eye(4)
+    with pytest.raises(TypeError, match="only 0 and 1"):  # on a CPU the layer scans too
+        selfattn.MultiHeadAttention(16, 2)(torch.randn(1, 4, 16), attn_mask=eye)
     with pytest.raises(TypeError, match="only 0 and 1"):
-        check_mask(torch.eye(4), (1, 2, 4, 4))  # on a CPU the 0/1 scan still runs
+        check_mask(eye, (1, 2, 4, 4))
     bias = torch.full((64, 64), -1.0)
     with torch.no_grad():
         s = spend(lambda: check_mask(bias, (64, 64)))

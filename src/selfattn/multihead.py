@@ -142,7 +142,9 @@ class MultiHeadAttention(nn.Module):
 
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
         bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``, its
-        columns the keys in order of position.
+        columns the keys in order of position; a float mask of only 0 and 1 (a bool mask in
+        disguise) is refused where reading it costs no wait for the device, on a CPU
+        (:func:`~selfattn.checks.check_mask`).
         ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
         ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: any
         :class:`~selfattn.cache.Cache`, for self-attention only (``key`` and ``value`` left out,
@@ -252,7 +254,10 @@ class MultiHeadAttention(nn.Module):
             )
         if attn_mask is not None:
             S = key.shape[1] if kv_cache is None else kv_cache.size_after(key.shape[1])
-            check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S))
+            # a mask's values are read on a CPU only: elsewhere the read would wait for the device
+            on_cpu = not isinstance(attn_mask, Tensor) or attn_mask.device.type == "cpu"
+            check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S),
+                       read_values=on_cpu)
 
     def load_projections(self, q: nn.Linear, k: nn.Linear, v: nn.Linear,
                          out: nn.Linear) -> MultiHeadAttention:
