@@ -165,10 +165,13 @@ class MultiHeadAttention(nn.Module):
         or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
         tensor, with every head layout (MHA, GQA, MQA); a mask is built only when ``attn_mask``
         is given (the causal rule folded into it, in its shape broadcast with ``(L, S)``) or
-        for several new tokens after a cache (the cache's ``(L, S)`` booleans), never one per
-        head. A causal call without weights, mask or cache holds no ``(L, S)`` tensor of its
-        own; PyTorch's CPU kernel does, in its math backend, for dropout or a mask that requires
-        grad.
+        for several new tokens after a cache (the cache's ``(L, S)`` booleans), and with the
+        weights the readable softmax applies ``is_causal`` as one ``(L, S)`` tensor; never one
+        per head or per query head of a group (GQA and MQA with the weights copy their
+        key/value heads for several queries, small beside the ``(H, L, S)`` weights, and stack
+        a group's heads for one query, the mask regrouped as a view). A causal call without
+        weights, mask or cache holds no ``(L, S)`` tensor of its own; PyTorch's CPU kernel does,
+        in its math backend, for dropout or a mask that requires grad.
         """
         key = query if key is None else key
         value = key if value is None else value
