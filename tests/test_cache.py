@@ -103,6 +103,46 @@ def test_gradients_through_every_cache_equal_the_full_pass(kind):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_a_backward_pass_survives_later_steps_in_any_grad_mode(kind):
+    """A prompt under autograd, then decoding steps under no_grad (score a prompt, sample a
+    continuation, learn from the prompt), then backward: the prompt's gradient, as without the
+    steps. Before: KVCache wrote the steps into the buffers whose views autograd had saved
+    ("modified by an inplace operation")."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(F64)
+    x = torch.randn(1, 9, D, dtype=F64)
+    prompt, _ = layer(x[:, :5], attn_mask=selfattn.causal_mask(5, **MASKS[kind]))
+    want = torch.autograd.grad(prompt.square().sum(), layer.q_proj.weight)
+    cache = KVCache(capacity=16) if kind == "kv" else make_cache(kind)  # kv: room, no doubling
+    out, _ = layer(x[:, :5], is_causal=True, kv_cache=cache)
+    with torch.no_grad():
+        for t in range(5, 9):
+            layer(x[:, t : t + 1], is_causal=True, kv_cache=cache)
+    got = torch.autograd.grad(out.square().sum(), layer.q_proj.weight)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_training_the_queries_alone_through_a_cache(kind):
+    """Grad mode on, the key and value projections frozen, the input requiring nothing: only the
+    queries require grad, and autograd saves the keys a cache hands out for their gradient.
+    The layer tells the cache (``recorded``). Before: the cache saw nothing requiring grad,
+    wrote the next token into the saved keys' storage, and backward raised."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(F64)
+    layer.k_proj.requires_grad_(False)
+    layer.v_proj.requires_grad_(False)
+    batch = 1 if kind == "paged" else 2
+    x = torch.randn(batch, N, D, dtype=F64)
+    full, _ = layer(x, attn_mask=selfattn.causal_mask(N, **MASKS[kind]))
+    want = torch.autograd.grad(full.square().sum(), layer.q_proj.weight)
+    out = decode(layer, x, make_cache(kind), [3] + [1] * (N - 3))
+    got = torch.autograd.grad(out.square().sum(), layer.q_proj.weight)
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(got, want)
+
+
 def seen_by(kind: str, P: int, T: int) -> list[int]:
     """The positions of the keys a call of ``T`` tokens at ``P`` attends to, by position: the
     cached ones the first new query may see under the cache's rule, then the new ones."""

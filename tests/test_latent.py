@@ -309,3 +309,20 @@ def test_a_cache_of_another_layer_or_batch_is_refused():
     MultiHeadAttention(D, H, head_dim=HD).double()(tokens(B=3), kv_cache=mha_cache)
     with pytest.raises(ValueError, match=r"holds k of \(batch, n_kv_heads, width\) \(3, 4, 6\)"):
         m(tokens(B=3), kv_cache=mha_cache)  # an MHA layer's cache
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_training_through_a_cache_whose_latents_require_no_grad(absorb):
+    """The compression frozen (kv_down, k_rope) and the input requiring nothing: the cached
+    latents require no grad, yet autograd saves them for the other weights' gradients. The
+    layer tells the cache (``recorded``). Before: the cache wrote the next token into the saved
+    latents' storage, and backward raised "modified by an inplace operation"."""
+    m, x = layer(rope_dim=4, bias=True), tokens()
+    m.kv_down.requires_grad_(False)
+    m.k_rope.requires_grad_(False)
+    full = m(x, is_causal=True)
+    want = torch.autograd.grad(full.square().sum(), m.q_proj.weight)
+    out = run(m, x, is_causal=True, absorb=absorb, chunks=[3] + [1] * 4, cache=KVCache(16))
+    got = torch.autograd.grad(out.square().sum(), m.q_proj.weight)
+    assert_close(out, full)
+    assert_close(got, want)

@@ -165,7 +165,9 @@ class MultiHeadLatentAttention(nn.Module):
         q_rope, k_rope = self._rope_parts(x, positions)  # (B, H, L, dr), (B, 1, L, dr)
         # cache: what a token leaves behind is its latent and its rotated rope key
         if kv_cache is not None:
-            latent, k_rope = kv_cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
+            # recorded: autograd may save the latents for any weight's gradient (or the input's)
+            recorded = x.requires_grad or any(p.requires_grad for p in self.parameters())
+            latent, k_rope = kv_cache.append(latent, k_rope, recorded=recorded)  # (B, 1, S, r), (B, 1, S, dr)
         # mask: after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
         # keys), so the cache's rule says which returned keys each new query sees
         attn_mask = None

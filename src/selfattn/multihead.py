@@ -193,7 +193,9 @@ class MultiHeadAttention(nn.Module):
         # and, where the cache keeps them in another order, how to put them by position
         order = None
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
+            # recorded: autograd may save the keys for the queries' or the mask's gradients
+            recorded = q.requires_grad or (attn_mask is not None and attn_mask.requires_grad)
+            k, v = kv_cache.append(k, v, recorded=recorded)  # (B, H_kv, S, hd)
             if attn_mask is not None or need_weights:
                 order = kv_cache.order(L, device=q.device)  # (S,) or None: by position
         # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
