@@ -18,7 +18,8 @@ Each contract is stated in the docstring of the code it holds for, and asserted 
   ``KVCache`` grows by doubling.
 * ``MultiHeadLatentAttention``: its absorbed decode reads the latent cache as it is (no copy per
   head, none per step); MLA takes every cache.
-* ``tiled_attention`` never holds an ``(L, S)`` tensor, forward or backward.
+* ``tiled_attention`` never holds an ``(L, S)`` tensor, forward or backward (a mask's gradient
+  is accumulated in the mask's own shape).
 * The fast paths: ``inplace_softmax`` holds one ``(L, S)`` buffer per head; ``grouped_heads`` and
   ``split_kv`` never copy the cache.
 * The functional ``scaled_dot_product_attention`` returns the weights, so it holds ``(L, S)``
@@ -469,9 +470,12 @@ def test_tiled_attention_holds_tiles_not_scores(is_causal):
         s = spend(lambda: selfattn.tiled_attention(q, q, q, is_causal=is_causal, block_size=128))
     assert s.peak < scores / 8 and s.largest < scores / 16, (s.peak, s.largest)
     q.requires_grad_()
-    out = selfattn.tiled_attention(q, q, q, is_causal=is_causal, block_size=128)
-    backward = spend(lambda: out.sum().backward())
-    assert backward.peak < scores / 8, backward.peak
+    key_bias = torch.zeros(1, 1, 1, 1024, requires_grad=True)  # learned, broadcast over queries
+    for mask in (None, key_bias):
+        out = selfattn.tiled_attention(q, q, q, mask, is_causal=is_causal, block_size=128)
+        backward = spend(lambda out=out: out.sum().backward())
+        # before: the bias's gradient was accumulated in a (L, S) tensor, 1.2x the scores' bytes
+        assert backward.peak < scores / 8, (mask is None, backward.peak / scores)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
