@@ -141,10 +141,11 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
 
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
-        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``, its
-        columns the keys in order of position; a float mask of only 0 and 1 (a bool mask in
-        disguise) is refused where reading it costs no wait for the device, on a CPU
-        (:func:`~selfattn.checks.check_mask`).
+        bool (True = may attend) or float (added; of any float dtype: one that is neither the
+        layer's nor float32 is cast to the softmax's dtype), broadcastable to
+        ``(B, n_heads, L, S)``, its columns the keys in order of position; a float mask of
+        only 0 and 1 (a bool mask in disguise) is refused where reading it costs no wait for
+        the device, on a CPU (:func:`~selfattn.checks.check_mask`).
         ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
         ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: any
         :class:`~selfattn.cache.Cache`, for self-attention only (``key`` and ``value`` left out,
@@ -204,6 +205,10 @@ class MultiHeadAttention(nn.Module):
         S = k.shape[2]
         if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
             attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
+            if attn_mask.is_floating_point() and attn_mask.dtype not in (q.dtype, torch.float32):
+                # PyTorch's kernel takes a float mask in the queries' dtype or float32: another
+                # is cast to the softmax's dtype (float32; float64 for float64 queries)
+                attn_mask = attn_mask.to(torch.promote_types(q.dtype, torch.float32))
             if order is not None and attn_mask.shape[-1] > 1:  # given by position: its columns
                 attn_mask = attn_mask[..., order.argsort()]  # (b, h, l, S) in the cache's order
         if is_causal and kv_cache is not None:
