@@ -20,6 +20,7 @@ Each contract is stated in the docstring of the code it holds for, and asserted 
   head, none per step); MLA takes every cache.
 * ``tiled_attention`` never holds an ``(L, S)`` tensor, forward or backward (a mask's gradient
   is accumulated in the mask's own shape).
+* With the weights, in float16 or bfloat16: one float32 copy of the keys a call reads.
 * The fast paths: ``inplace_softmax`` holds one ``(L, S)`` buffer per head; ``grouped_heads`` and
   ``split_kv`` never copy the cache.
 * The functional ``scaled_dot_product_attention`` returns the weights, so it holds ``(L, S)``
@@ -409,6 +410,30 @@ def test_grouped_heads_decode_without_copying_the_cache(layout):
     steps, _ = decode_spend(lambda w: KVCache(capacity=1024), 512, layout)
     for s in steps:
         assert "repeat_interleave" not in s.ops and s.total <= 24 * 64 * F32, s
+
+
+@pytest.mark.parametrize("layout", ["mha", "mqa"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_decoding_step_with_the_weights_upcasts_the_keys_once_in_half_precision(dtype, layout):
+    """The weights asked for at a decoding step: the scores are computed in float32, so a float16
+    or bfloat16 layer reads one float32 copy of the cached keys, twice their bytes, at every step
+    (documented in MultiHeadAttention.forward), and nothing else of the cache's size: not the
+    values, not a copy per query head. A float32 layer copies nothing."""
+    torch.manual_seed(0)
+    n_kv = LAYOUTS[layout]
+    m = selfattn.MultiHeadAttention(64, 4, n_kv_heads=n_kv).to(dtype).eval()
+    cache = KVCache(capacity=1100)
+    with torch.no_grad():
+        m(torch.randn(1, 1000, 64, dtype=dtype), is_causal=True, kv_cache=cache)
+        s = spend(lambda: m(torch.randn(1, 1, 64, dtype=dtype), is_causal=True, kv_cache=cache,
+                            need_weights=True))
+    keys = cache.length * n_kv * 16 * F32  # the cached keys in float32
+    weights = 4 * cache.length * F32
+    if dtype == torch.float32:
+        assert s.largest <= weights, s.largest
+    else:
+        assert s.largest == keys, (s.largest, keys)
+        assert s.total <= keys + 2 * weights + 64 * 64, (s.total, keys)
 
 
 def test_split_kv_never_copies_the_cache(monkeypatch):

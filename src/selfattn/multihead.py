@@ -160,7 +160,11 @@ class MultiHeadAttention(nn.Module):
         mask-sized gather, never one of the keys).
 
         ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in order
-        of position, whatever the cache and the grad mode.
+        of position, whatever the cache and the grad mode. They come from the readable softmax,
+        which computes the scores in float32 for float16 and bfloat16 layers (a half-precision
+        product of large entries can overflow): it reads a float32 copy of the keys, twice the
+        bytes of the keys it attends to, at every call, a decoding step included (the values
+        and the output stay in the layer's dtype).
 
         What reaches the kernel (tests/test_costs.py): a plain causal call (no mask, no cache,
         or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
