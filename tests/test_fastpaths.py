@@ -16,6 +16,7 @@ running. What each call may allocate and hand to PyTorch's kernel: tests/test_co
 import contextlib
 import copy
 import itertools
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -405,3 +406,27 @@ def test_split_kv_splits_only_where_it_helps():
 def test_disabling_an_unknown_path_is_an_error():
     with pytest.raises(ValueError, match="unknown fast paths"), fastpaths.disabled("warp_drive"):
         pass
+
+
+def test_a_pytorch_whose_sdpa_checks_cannot_be_asked_gets_the_copy_with_a_warning(monkeypatch):
+    """On CUDA the grouped heads' path asks PyTorch's own checks whether a fused kernel takes
+    grouped heads. Where they cannot be asked (an older PyTorch: another SDPAParams signature),
+    the layer copies the key/value heads, and says so once (before: silently, on any
+    exception, a wrong answer included)."""
+    import types
+
+    import torch.backends.cuda
+
+    def old_signature(*args):
+        raise TypeError(f"SDPAParams takes 6 arguments, {len(args)} given")
+
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", old_signature)
+    fastpaths._warn_copying.cache_clear()
+    q = types.SimpleNamespace(device=torch.device("cuda"))  # the check reads only the device
+    call = fastpaths.Call(q, q, q, None, True, 0.0, False, False, 1)
+    with pytest.warns(RuntimeWarning, match="grouped key/value heads are copied on CUDA"):
+        assert fastpaths._fused_takes_groups(call) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: a second call is silent
+        assert fastpaths._fused_takes_groups(call) is False
+    fastpaths._warn_copying.cache_clear()

@@ -225,7 +225,8 @@ def _fused_takes_groups(c: Call) -> bool:
     GPU and the dtype (FlashAttention needs ``sm_80`` and half precision; the memory-efficient
     kernel takes grouped heads only in recent versions), so PyTorch's own checks are asked; where
     neither fused kernel would run, copying the keys (the readable way) costs far less.
-    Elsewhere (MPS), the copy too."""
+    Elsewhere (MPS), the copy too. A PyTorch whose checks cannot be asked (an older version,
+    without them or with another signature) gets the copy, with a warning, once."""
     if c.q.device.type == "cpu":
         return True
     if c.q.device.type != "cuda":
@@ -238,9 +239,24 @@ def _fused_takes_groups(c: Call) -> bool:
         )
 
         params = SDPAParams(c.q, c.k, c.v, c.attn_mask, c.dropout_p, c.is_causal, True)
-        return bool(can_use_flash_attention(params) or can_use_efficient_attention(params))
-    except (ImportError, TypeError, RuntimeError):  # an older PyTorch: copy, never wrong
+    except (ImportError, TypeError) as error:  # not this PyTorch's API: copy, never wrong
+        _warn_copying(f"{type(error).__name__}: {error}")
         return False
+    return bool(can_use_flash_attention(params) or can_use_efficient_attention(params))
+
+
+@functools.cache
+def _warn_copying(error: str) -> None:
+    """Say once that grouped heads are copied on CUDA because PyTorch's checks could not be
+    asked (``functools.cache``: once per distinct error)."""
+    import warnings
+
+    warnings.warn(
+        "selfattn.fastpaths: PyTorch's SDPA checks (torch.backends.cuda.SDPAParams, "
+        f"can_use_flash_attention) could not be asked ({error}); "
+        "grouped key/value heads are copied on CUDA (repeat_kv) instead of passed with "
+        "enable_gqa. The results are the same; the copy costs memory and time",
+        RuntimeWarning, stacklevel=4)
 
 
 def _share_kv_heads(c: Call) -> Call:
