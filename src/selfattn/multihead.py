@@ -160,7 +160,9 @@ class MultiHeadAttention(nn.Module):
         mask-sized gather, never one of the keys).
 
         ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in order
-        of position, whatever the cache and the grad mode. They come from the readable softmax,
+        of position, whatever the cache and the grad mode (after a rolling cache's step, which
+        holds its keys in the order of its slots, a gather of the weights: one more tensor of
+        their size, never one of the keys). They come from the readable softmax,
         which computes the scores in float32 for float16 and bfloat16 layers (a half-precision
         product of large entries can overflow): it reads a float32 copy of the keys, twice the
         bytes of the keys it attends to, at every call, a decoding step included (the values
