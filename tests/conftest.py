@@ -49,8 +49,8 @@ def pytest_terminal_summary(terminalreporter):
     if bench.exists() and bench.stat().st_mtime > STARTED:
         terminalreporter.write_line("chapter 10's live MiniLM, measured in the browser test:")
         terminalreporter.write_line("  " + bench.read_text().strip())
-    weights = build / "page-weights.txt"
-    if weights.exists() and weights.stat().st_mtime > STARTED:  # written by this run
-        terminalreporter.write_line("what each page transfers as it loads (page-weights.txt):")
-        for line in weights.read_text().splitlines():
-            terminalreporter.write_line("  " + line)
+    weights = sorted(f for f in (build / "page-weights").glob("*.txt") if f.stat().st_mtime > STARTED)
+    if weights:  # written by this run, a file per page (tests/test_browser.py)
+        terminalreporter.write_line("what each page transfers as it loads:")
+        for f in weights:
+            terminalreporter.write_line("  " + f.read_text().strip())

@@ -58,6 +58,24 @@ def test_first_code_cell_installs_on_colab_only_and_picks_the_device(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_failed_install_on_colab_says_what_to_do(path, monkeypatch):
+    import subprocess
+    import sys
+    import types
+
+    setup = source(cells(path, "code")[0])
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(cmd) or
+                        subprocess.CompletedProcess(cmd, returncode=1))
+    with pytest.raises(SystemExit) as stop:
+        exec(compile(setup, str(path), "exec"), {})
+    assert ran and ran[0][1:4] == ["-m", "pip", "install"]
+    message = str(stop.value)
+    assert "pip could not install" in message and "!pip install --no-deps" in message
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_chapter_is_committed_executed_in_order_and_small(path):
     code = [c for c in cells(path, "code") if "skip-execution" not in c["metadata"].get("tags", [])]
     counts = [c["execution_count"] for c in code]

@@ -9,7 +9,8 @@
 #   2. the slow tests (pytest -m "slow and not built_book") and make gpu's rehearsal on this CPU
 #      (tools/gpu_report.py --rehearse) beside the page rendering (jupyter-book, warnings are
 #      errors);
-#   3. the tests that read the built book (pytest -m built_book), the browser tests among them.
+#   3. the tests that read the built book (pytest -m built_book), the browser tests among them,
+#      on both cores (pytest-xdist: each test keeps its findings to itself).
 #
 # The Makefile calls it after lint, the browser check and the set-up (.venv, _vendor, the font).
 # A phase runs to its end even when one of its halves failed; a failed chapter or a failed
@@ -70,8 +71,8 @@ slow_tests_and_rendering() {
 }
 
 built_book_tests() {
-    phase "3: the tests that read the built book"
-    "$PY" -m pytest -m built_book tests
+    phase "3: the tests that read the built book, on both cores"
+    "$PY" -m pytest -n 2 -m built_book tests
 }
 
 main() {

@@ -392,9 +392,9 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
 def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2) -> Diagram:
     r"""How the library decodes one new token with shared key/value heads without copying them:
     the query heads of a group are stacked as rows, ``(B, H, 1, hd) -> (B, H_kv, g, hd)``, and
-    each group meets its one key/value head in a single product of $g$ rows against $S$ keys. The rows are read
-    from :func:`~selfattn.fastpaths.attend_heads`' own regrouping (each query row labelled by its
-    head and token), so the picture follows the code. FlashAttention 2 decodes GQA the same way
+    each group meets its one key/value head in a single product of $g$ rows against $S$ keys.
+    The rows are read from :func:`~selfattn.fastpaths.attend_heads`' own regrouping (each query
+    row labelled by its head), so the picture follows the code. FlashAttention 2 decodes GQA the same way
     (its ``seqlenq_ngroups_swapped``). The layer stacks the rows of one new token (decoding); a
     prefill of several goes to PyTorch's ``enable_gqa`` instead, where a causal mask would have
     to be stacked too."""
