@@ -16,6 +16,8 @@ from selfattn.cache import (
     SlidingWindowCache,
     _RollingCache,
 )
+from selfattn.masks import to_additive
+from selfattn.positional import alibi_bias
 
 F64 = torch.float64
 N = 17  # tokens of every sequence here
@@ -99,6 +101,88 @@ def test_gradients_through_every_cache_equal_the_full_pass(kind):
     torch.testing.assert_close(out, full)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_a_backward_pass_survives_later_steps_in_any_grad_mode(kind):
+    """A prompt under autograd, then decoding steps under no_grad (score a prompt, sample a
+    continuation, learn from the prompt), then backward: the prompt's gradient, as without the
+    steps. Before: KVCache wrote the steps into the buffers whose views autograd had saved
+    ("modified by an inplace operation")."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(F64)
+    x = torch.randn(1, 9, D, dtype=F64)
+    prompt, _ = layer(x[:, :5], attn_mask=selfattn.causal_mask(5, **MASKS[kind]))
+    want = torch.autograd.grad(prompt.square().sum(), layer.q_proj.weight)
+    cache = KVCache(capacity=16) if kind == "kv" else make_cache(kind)  # kv: room, no doubling
+    out, _ = layer(x[:, :5], is_causal=True, kv_cache=cache)
+    with torch.no_grad():
+        for t in range(5, 9):
+            layer(x[:, t : t + 1], is_causal=True, kv_cache=cache)
+    got = torch.autograd.grad(out.square().sum(), layer.q_proj.weight)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_training_the_queries_alone_through_a_cache(kind):
+    """Grad mode on, the key and value projections frozen, the input requiring nothing: only the
+    queries require grad, and autograd saves the keys a cache hands out for their gradient.
+    The layer tells the cache (``recorded``). Before: the cache saw nothing requiring grad,
+    wrote the next token into the saved keys' storage, and backward raised."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(F64)
+    layer.k_proj.requires_grad_(False)
+    layer.v_proj.requires_grad_(False)
+    batch = 1 if kind == "paged" else 2
+    x = torch.randn(batch, N, D, dtype=F64)
+    full, _ = layer(x, attn_mask=selfattn.causal_mask(N, **MASKS[kind]))
+    want = torch.autograd.grad(full.square().sum(), layer.q_proj.weight)
+    out = decode(layer, x, make_cache(kind), [3] + [1] * (N - 3))
+    got = torch.autograd.grad(out.square().sum(), layer.q_proj.weight)
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(got, want)
+
+
+def seen_by(kind: str, P: int, T: int) -> list[int]:
+    """The positions of the keys a call of ``T`` tokens at ``P`` attends to, by position: the
+    cached ones the first new query may see under the cache's rule, then the new ones."""
+    window, n_sink = {"window": (W, 0), "sink": (W, SINKS)}.get(kind, (P + 1, 0))
+    return [j for j in range(P) if j < n_sink or P - j < window] + list(range(P, P + T))
+
+
+@pytest.mark.parametrize("grad", ["off", "on"])
+@pytest.mark.parametrize("mask", ["padding", "alibi"])
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_a_mask_and_the_weights_are_by_position_through_every_cache(kind, mask, grad, device):
+    """A caller's attn_mask is over the keys a call sees, by position (a rolling cache's sinks,
+    then its window, oldest first), and the weights come back in that order, whatever the cache
+    and the grad mode. A rolling cache returns one token's keys in the order of its slots once
+    the ring wraps (no copy of its window); before, that step applied a padding mask or ALiBi to
+    the wrong keys under no_grad, and gave its weights in slot order under no_grad only."""
+    torch.manual_seed(0)
+    layer = selfattn.MultiHeadAttention(D, H, n_kv_heads=2, rope=True).to(device, F64).eval()
+    B = 1 if kind == "paged" else 2
+    x = torch.randn(B, N, D, dtype=F64, device=device)
+    if mask == "padding":  # the last sequence left-padded: a bool (B, 1, 1, S) over the keys
+        real = torch.ones(B, 1, 1, N, dtype=torch.bool, device=device)
+        real[-1, ..., :3] = False
+        given = real.expand(B, 1, N, N)
+    else:  # ALiBi, a float (1, H, L, S): each query's row depends on its position
+        given = alibi_bias(H, N, device=device).to(F64)[None]
+    band = selfattn.causal_mask(N, device=device, **MASKS[kind])
+    full, full_weights = layer(x, attn_mask=to_additive(band, F64) + given
+                               if mask == "alibi" else given & band, need_weights=True)
+    cache, P = make_cache(kind), 0
+    with torch.set_grad_enabled(grad == "on"):
+        for T in [3, 1, 1, 1, 1, 3] + [1] * 7:  # past the ring's wrap, a chunk inside it
+            keys = seen_by(kind, P, T)
+            part = given[..., P : P + T, keys] if mask == "alibi" else real[..., keys]
+            out, weights = layer(x[:, P : P + T], is_causal=True, kv_cache=cache, attn_mask=part,
+                                 need_weights=True)
+            torch.testing.assert_close(out, full[:, P : P + T], msg=f"output at {P}")
+            torch.testing.assert_close(weights, full_weights[:, :, P : P + T, keys],
+                                       msg=f"weights at {P}")
+            P += T
 
 
 @pytest.mark.parametrize("kind", list(MASKS))
@@ -237,6 +321,22 @@ def test_the_rolling_buffer_puts_position_p_in_slot_p_mod_w():
     for p in range(11):
         sink.append(torch.full((1, 1, 1, 2), float(p)), torch.zeros(1, 1, 1, 2))
     assert sink._k[0, 0, :, 0].tolist() == [0.0, 1.0, 8.0, 9.0, 10.0]  # sinks, then 2 + (p-2) mod 3
+
+
+@pytest.mark.parametrize("kind", list(MASKS))
+def test_order_puts_the_returned_keys_by_position(kind):
+    """Each key holds its position; after every append, the keys returned, put in order by
+    ``order`` (None: they are already), are the positions the call sees, by position."""
+    cache, P = make_cache(kind, n_kv_heads=1), 0
+    for T in [2, 1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 2, 1, 1]:
+        k = torch.arange(P, P + T, dtype=F64).view(1, 1, T, 1).expand(1, 1, T, HD)
+        keys, _ = cache.append(k, k)
+        order = cache.order(T)
+        by_position = keys if order is None else keys[:, :, order]
+        assert by_position[0, 0, :, 0].tolist() == seen_by(kind, P, T), (P, T)
+        assert (order is not None) == (kind in ("window", "sink") and T == 1 and P >= W + (
+            SINKS if kind == "sink" else 0) and not torch.equal(keys, by_position)), (P, T)
+        P += T
 
 
 def _msg(*words):

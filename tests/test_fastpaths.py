@@ -16,6 +16,7 @@ running. What each call may allocate and hand to PyTorch's kernel: tests/test_co
 import contextlib
 import copy
 import itertools
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -49,9 +50,11 @@ DIMENSIONS = {
 # every pair of values across a path's rows.
 DESIGNS = {
     # is_causal by geometry: a causal call without a cache reaches PyTorch's enable_gqa, one
-    # new token after a cache the stacked groups
+    # new token after a cache the stacked groups (with grouped_heads only, stacked_groups off)
     "grouped_heads": {"crossed": ["n_kv_heads", "is_causal", "geometry", "need_weights"],
                       "around": {"mask": "none"}},
+    "stacked_groups": {"crossed": ["n_kv_heads", "is_causal", "geometry", "need_weights"],
+                       "around": {"mask": "none"}},
     "inplace_softmax": {"crossed": ["need_weights", "mask", "is_causal", "grad"]},
     "split_kv": {"crossed": ["n_kv_heads", "geometry"],
                  "around": {"need_weights": False, "mask": "none", "is_causal": False,
@@ -105,6 +108,13 @@ def row_id(path, row):
 
 
 MATRIX = [(path, row) for path, design in DESIGNS.items() for row in covering_rows(**design)]
+WITH = {"stacked_groups": {"grouped_heads"}}  # a path that is one way of another: both on
+
+
+def switched_on(path: str) -> set[str]:
+    """The paths a row of ``path`` runs with: all of them, or the path (and the one it is a way
+    of), the others off."""
+    return set(fastpaths.ENABLED) if path == "all" else {path} | WITH.get(path, set())
 
 
 @pytest.fixture
@@ -127,6 +137,7 @@ def runs(monkeypatch):
         return replace(path, run=run)
 
     monkeypatch.setattr(fastpaths, "GROUPED_HEADS", counted(fastpaths.GROUPED_HEADS))
+    monkeypatch.setattr(fastpaths, "STACKED_GROUPS", counted(fastpaths.STACKED_GROUPS))
     monkeypatch.setattr(fastpaths, "KERNELS", [counted(path) for path in fastpaths.KERNELS])
     fused = fastpaths._fused_takes_groups  # on CUDA PyTorch's own checks decide: record them
     monkeypatch.setattr(fastpaths, "_fused_takes_groups",
@@ -231,23 +242,26 @@ def expected_runs(row, enabled, device):
         causal = False
         if L > 1 or P < S - 1:  # (one query after the cache sees every key: no mask at all)
             mask = "bool" if mask == "none" else mask
-    stacks = row["need_weights"] or (L == 1 and not causal)  # stacked: weights, or decoding
+    # stacked: one query per head (decoding), with the weights or without a causal mask
+    stacks = (row["n_kv_heads"] < H and L == 1 and (row["need_weights"] or not causal)
+              and {"grouped_heads", "stacked_groups"} <= enabled)
     # PyTorch's fused kernel takes grouped heads on a CPU; on CUDA its own checks said
     fused = device == "cpu" or (FUSED_SAID[-1] if FUSED_SAID else False)
     grouped = ("grouped_heads" in enabled and row["n_kv_heads"] < H
                and (stacks or (not row["need_weights"] and fused)))
     one_head_each = row["n_kv_heads"] == H or not grouped or stacks  # then: no enable_gqa
-    if grouped and stacks and causal:  # stacked query heads are no longer top-left causal
+    if stacks and causal:  # stacked query heads are no longer top-left causal
         mask, causal = "bool", False
     cpu = device == "cpu"
     recorded = row["grad"] == "on" or (row["grad"] == "frozen" and row["mask"] == "float_grad")
     return {
         "grouped_heads": grouped,
+        "stacked_groups": stacks,
         "inplace_softmax": "inplace_softmax" in enabled and row["need_weights"] and cpu,
         "split_kv": ("split_kv" in enabled and not row["need_weights"] and mask == "none"
                      and not causal and row["dropout_p"] == 0.0 and not recorded and cpu
                      and one_head_each and row["batch"] == 1 and S >= fastpaths.SPLIT_KV_MIN_KEYS
-                     and L * (H // row["n_kv_heads"] if grouped else 1)
+                     and L * (H // row["n_kv_heads"] if stacks else 1)
                      <= fastpaths.SPLIT_KV_MAX_QUERIES),
     }
 
@@ -256,7 +270,7 @@ def expected_runs(row, enabled, device):
 def test_each_fast_path_equals_the_readable_computation(path, row, device, forced, runs):
     case = make_case(row)
     dtype = DTYPES[row["dtype"]]
-    enabled = set(fastpaths.ENABLED) if path == "all" else {path}
+    enabled = switched_on(path)
     others = set(fastpaths.ENABLED) - enabled  # (disabled() with no name switches off all)
     with fastpaths.disabled(*others) if others else contextlib.nullcontext():
         fast = run(case, row, dtype, device, counts=runs)
@@ -287,7 +301,7 @@ def test_each_fast_path_equals_the_readable_computation(path, row, device, force
 def test_the_matrix_reaches_every_path_and_holds_every_pair_of_values(forced):
     for path in fastpaths.ENABLED:
         rows = [r for p, r in MATRIX if p == path]
-        ran = [r for r in rows if expected_runs(r, {path}, "cpu")[path]]
+        ran = [r for r in rows if expected_runs(r, switched_on(path), "cpu")[path]]
         assert ran, path
     names = list(DIMENSIONS)
     for a, b in itertools.combinations(names, 2):  # every pair, in each path's rows
@@ -297,7 +311,8 @@ def test_the_matrix_reaches_every_path_and_holds_every_pair_of_values(forced):
 
 
 def test_the_table_names_every_switch():
-    assert [fastpaths.GROUPED_HEADS.name, *(p.name for p in fastpaths.KERNELS)] == list(fastpaths.ENABLED)
+    assert [fastpaths.GROUPED_HEADS.name, fastpaths.STACKED_GROUPS.name,
+            *(p.name for p in fastpaths.KERNELS)] == list(fastpaths.ENABLED)
 
 
 def test_split_kv_keeps_the_causal_mask_of_cross_attention(monkeypatch):
@@ -391,3 +406,27 @@ def test_split_kv_splits_only_where_it_helps():
 def test_disabling_an_unknown_path_is_an_error():
     with pytest.raises(ValueError, match="unknown fast paths"), fastpaths.disabled("warp_drive"):
         pass
+
+
+def test_a_pytorch_whose_sdpa_checks_cannot_be_asked_gets_the_copy_with_a_warning(monkeypatch):
+    """On CUDA the grouped heads' path asks PyTorch's own checks whether a fused kernel takes
+    grouped heads. Where they cannot be asked (an older PyTorch: another SDPAParams signature),
+    the layer copies the key/value heads, and says so once (before: silently, on any
+    exception, a wrong answer included)."""
+    import types
+
+    import torch.backends.cuda
+
+    def old_signature(*args):
+        raise TypeError(f"SDPAParams takes 6 arguments, {len(args)} given")
+
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", old_signature)
+    fastpaths._warn_copying.cache_clear()
+    q = types.SimpleNamespace(device=torch.device("cuda"))  # the check reads only the device
+    call = fastpaths.Call(q, q, q, None, True, 0.0, False, False, 1)
+    with pytest.warns(RuntimeWarning, match="grouped key/value heads are copied on CUDA"):
+        assert fastpaths._fused_takes_groups(call) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: a second call is silent
+        assert fastpaths._fused_takes_groups(call) is False
+    fastpaths._warn_copying.cache_clear()

@@ -309,3 +309,71 @@ def test_a_cache_of_another_layer_or_batch_is_refused():
     MultiHeadAttention(D, H, head_dim=HD).double()(tokens(B=3), kv_cache=mha_cache)
     with pytest.raises(ValueError, match=r"holds k of \(batch, n_kv_heads, width\) \(3, 4, 6\)"):
         m(tokens(B=3), kv_cache=mha_cache)  # an MHA layer's cache
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_training_through_a_cache_whose_latents_require_no_grad(absorb):
+    """The compression frozen (kv_down, k_rope) and the input requiring nothing: the cached
+    latents require no grad, yet autograd saves them for the other weights' gradients. The
+    layer tells the cache (``recorded``). Before: the cache wrote the next token into the saved
+    latents' storage, and backward raised "modified by an inplace operation"."""
+    m, x = layer(rope_dim=4, bias=True), tokens()
+    m.kv_down.requires_grad_(False)
+    m.k_rope.requires_grad_(False)
+    full = m(x, is_causal=True)
+    want = torch.autograd.grad(full.square().sum(), m.q_proj.weight)
+    out = run(m, x, is_causal=True, absorb=absorb, chunks=[3] + [1] * 4, cache=KVCache(16))
+    got = torch.autograd.grad(out.square().sum(), m.q_proj.weight)
+    assert_close(out, full)
+    assert_close(got, want)
+
+
+def test_the_absorbed_weights_are_computed_once_until_a_weight_changes():
+    """Decoding reuses the absorbed matrices (before: recomputed at every step, most of a step's
+    time at short contexts); an optimiser's step, load_state_dict or a new parameter makes the
+    next step recompute them, and with autograd recording they are recomputed (differentiable)."""
+    m, x = layer(bias=True), tokens()
+    with torch.no_grad():
+        first = m.absorbed_weights()
+        assert m.absorbed_weights() is first  # a second step: the same tensors, nothing computed
+        m.q_proj.weight.add_(0.1)  # in place, as an optimiser's step
+        second = m.absorbed_weights()
+        assert second is not first and not torch.equal(second.query, first.query)
+        assert_close(m(x, is_causal=True, absorb=True), m(x, is_causal=True))
+        m.load_state_dict(layer(bias=True).state_dict())  # copied in place
+        third = m.absorbed_weights()
+        assert_close(third.query, first.query)  # the first weights, back
+        m.v_up.bias = torch.nn.Parameter(m.v_up.bias + 1.0)  # replaced
+        assert not torch.equal(m.absorbed_weights().output_bias, third.output_bias)
+        assert_close(m(x, is_causal=True, absorb=True), reference(m, x, causal_mask(7)))
+    recorded = m.absorbed_weights()  # grad mode on, the weights require grad: a fresh product
+    assert recorded.query.requires_grad and recorded is not m.absorbed_weights()
+
+
+def test_a_decoding_step_does_not_recompute_the_absorbed_weights():
+    m = MultiHeadLatentAttention(64, 8, 16, kv_rank=32, rope_dim=8).eval()
+    cache = KVCache(capacity=64)
+    with torch.no_grad():
+        m(torch.randn(1, 8, 64), is_causal=True, kv_cache=cache, absorb=True)
+        products = _matmuls(lambda: m(torch.randn(1, 1, 64), is_causal=True, kv_cache=cache,
+                                      absorb=True))
+    # the token's latent and rope parts (three), its absorbed query, the content and position
+    # scores, the weighted sum, the absorbed output: no product of two weight matrices (before:
+    # two more, W^UK^T W^Q and W^O W^UV, at every step)
+    assert products == 8, products
+
+
+def _matmuls(fn) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("mm", "bmm", "addmm", "matmul"):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n

@@ -353,3 +353,31 @@ def test_attention_tagger_takes_a_head_width(n_heads, head_dim):
     assert m.attn.out_proj.weight.shape == (32, n_heads * hd)  # back to the model's width
     logits, w = m(torch.randint(0, 10, (3, 7)), need_weights=True)
     assert logits.shape == (3, 7, 121) and w.shape == (3, n_heads, 7, 7)
+
+
+FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+@pytest.mark.parametrize("mask_dtype", FLOATS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_float_mask_of_any_dtype_is_taken(dtype, mask_dtype, n_kv_heads, need_weights):
+    """A float mask whose dtype is neither the layer's nor float32 is cast to the softmax's
+    dtype (before: PyTorch's kernel raised "Expected attn_mask dtype to be bool or float or to
+    match query dtype" from deep inside SDPA). The mask here holds 0, -inf and quarters, exact
+    in every dtype, so every mask dtype gives the layer's own result."""
+    torch.manual_seed(0)
+    m = selfattn.MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads).to(dtype).eval()
+    x = torch.randn(2, 5, 16, dtype=dtype)
+    bias = torch.randint(-4, 1, (2, 1, 5, 5)) / 4  # quarters in [-1, 0]
+    bias[1, ..., -1] = float("-inf")
+    with torch.no_grad():
+        for is_causal in (False, True):
+            out, weights = m(x, attn_mask=bias.to(mask_dtype), is_causal=is_causal,
+                             need_weights=need_weights)
+            want, want_weights = m(x, attn_mask=bias.to(dtype), is_causal=is_causal,
+                                   need_weights=need_weights)
+            torch.testing.assert_close(out, want)
+            if need_weights:
+                torch.testing.assert_close(weights, want_weights)

@@ -141,7 +141,7 @@ def test_a_live_kernel_gets_one_plain_line_without_the_answer(expected, kind, mo
 def test_a_hint_is_further_from_the_answer_than_close_reaches(factor):
     """A hint's slip is matched within 1 % (CLOSE), as "close" is: a factor whose band would
     overlap the answer's is refused."""
-    with pytest.raises(ValueError, match="further from 1"):
+    with pytest.raises(AssertionError, match="'close' reaches"):
         self_check("q?", 1000, kind="count", hints={factor: "a slip."})
     assert self_check("q?", 1000, kind="count", hints={1.03: "a slip.", 0.97: "a slip."}).hints
 
@@ -150,43 +150,17 @@ def test_the_question_is_one_line():
     assert self_check("  How many\n  heads?  ", 3, kind="count").question == "How many heads?"
 
 
-@pytest.mark.parametrize("args, kwargs, error, words", [
-    ((None, 3), {"kind": "count"}, TypeError, "question must be a str"),
-    (("  \n", 3), {"kind": "count"}, ValueError, "question is empty"),
-    (("q?", 3), {"kind": "integer"}, ValueError, "kind must be one of"),
-    (("q?", 3), {"kind": 3}, TypeError, "kind must be a str"),
-    (("q?", "25"), {}, TypeError, "must be a real number"),
-    (("q?", True), {}, TypeError, "must be a real number"),
-    (("q?", float("nan")), {}, ValueError, "must be finite"),
-    (("q?", math.inf), {}, ValueError, "must be finite"),
-    (("q?", 2.5), {"rtol": -0.1}, ValueError, "rtol must be in [0, 1)"),
-    (("q?", 2.5), {"rtol": 1.0}, ValueError, "rtol must be in [0, 1)"),
-    (("q?", 2.5), {"rtol": "0.1"}, TypeError, "rtol must be a number"),
-    (("q?", 128.0), {"kind": "count"}, TypeError, "count's expected value must be an int"),
-    (("q?", 128), {"kind": "count", "rtol": 0.1}, ValueError, "rtol is for kind='number'"),
-    (("q?", 2**53), {"kind": "count"}, ValueError, "must be between"),
-    (("q?", [2, 3]), {"kind": "count"}, TypeError, "must be an int"),
-    (("q?", 12), {"kind": "shape"}, TypeError, "must be a tuple of ints"),
-    (("q?", ()), {"kind": "shape"}, ValueError, "at least one dimension"),
-    (("q?", (2, -1)), {"kind": "shape"}, ValueError, "dimension 1 of the shape"),
-    (("q?", (2, 3.0)), {"kind": "shape"}, TypeError, "dimension 1 of the shape must be an int"),
-    (("q?", (2, 3)), {"kind": "shape", "rtol": 0.0}, ValueError, "rtol is for kind='number'"),
-    (("q?", 3), {"kind": "count", "unit": "GiB"}, ValueError, "unit must be one of ('bytes',)"),
-    (("q?", 3), {"kind": "count", "unit": 8}, TypeError, "unit must be a str"),
-    (("q?", (2, 3)), {"kind": "shape", "unit": "bytes"}, ValueError, "not a shape"),
-    (("q?", (2, 3)), {"kind": "shape", "hints": {0.5: "half"}}, ValueError, "not a shape"),
-    (("q?", 8), {"kind": "count", "hints": [(0.5, "half")]}, TypeError, "hints must be a dict"),
-    (("q?", 8), {"kind": "count", "hints": {1: "same"}}, ValueError, "other than 1"),
-    (("q?", 8), {"kind": "count", "hints": {1.005: "near"}}, ValueError, "further from 1"),
-    (("q?", 8), {"kind": "count", "hints": {0: "zero"}}, ValueError, "positive finite"),
-    (("q?", 8), {"kind": "count", "hints": {-0.5: "minus"}}, ValueError, "positive finite"),
-    (("q?", 8), {"kind": "count", "hints": {math.inf: "inf"}}, ValueError, "positive finite"),
-    (("q?", 8), {"kind": "count", "hints": {True: "bool"}}, TypeError, "factor must be a number"),
-    (("q?", 8), {"kind": "count", "hints": {0.5: " \n "}}, ValueError, "is empty"),
-    (("q?", 8), {"kind": "count", "hints": {0.5: 3}}, TypeError, "a hint must be a str"),
+@pytest.mark.parametrize("args, kwargs", [
+    (("q?", 3), {"kind": "integer"}),  # no such kind: the page could not read it
+    (("q?", math.inf), {}),  # no finite answer
+    (("q?", 2**53), {"kind": "count"}),  # more than JavaScript holds exactly
+    (("q?", (2, -1)), {"kind": "shape"}),
+    (("q?", 128), {"kind": "count", "rtol": 0.1}),  # a count is right only when equal
+    (("q?", 3), {"kind": "count", "unit": "GiB"}),  # the page knows bytes only
+    (("q?", 8), {"kind": "count", "hints": {1.005: "near"}}),  # "close" would answer first
 ])
-def test_bad_arguments_raise_clearly(args, kwargs, error, words):
-    with pytest.raises(error, match=re.escape(words)):
+def test_what_the_page_relies_on_is_asserted(args, kwargs):
+    with pytest.raises(AssertionError):
         self_check(*args, **kwargs)
 
 

@@ -95,8 +95,9 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients(kind, block_size, devic
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3}, "bool", "float",
-                                    "masked rows"],
-                         ids=["plain", "causal", "scale", "bool mask", "float mask", "masked rows"])
+                                    "key bias", "query bias", "masked rows"],
+                         ids=["plain", "causal", "scale", "bool mask", "float mask", "key bias",
+                              "query bias", "masked rows"])
 def test_gradients_match_finite_differences(kwargs):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 1, 7, 3, generator=g, dtype=F64, requires_grad=True)  # heads broadcast
@@ -108,6 +109,10 @@ def test_gradients_match_finite_differences(kwargs):
     elif kwargs == "float":  # the bias gets a gradient too
         inputs = (q, k, v, torch.randn(1, 7, 5, generator=g, dtype=F64, requires_grad=True))
         kwargs = {}
+    elif kwargs in ("key bias", "query bias"):  # broadcast over the queries, or the keys
+        shape = (2, 1, 1, 5) if kwargs == "key bias" else (7, 1)
+        inputs = (q, k, v, torch.randn(shape, generator=g, dtype=F64, requires_grad=True))
+        kwargs = {"is_causal": True}
     elif kwargs == "masked rows":  # queries 2 and 5 see no key; the rest, causal
         keep = torch.ones(7, 5, dtype=torch.bool)
         keep[[2, 5]] = False

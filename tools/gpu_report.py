@@ -117,7 +117,8 @@ def steps(device: Device) -> list[tuple[str, list[str]]]:
 
 # the tests with a `device` fixture: on a GPU, `-k cuda` selects their cuda rows
 PARITY_FILES = ["tests/test_attention.py", "tests/test_multihead.py", "tests/test_fastpaths.py",
-                "tests/test_tiled.py", "tests/test_cache.py", "tests/test_latent.py"]
+                "tests/test_tiled.py", "tests/test_cache.py", "tests/test_latent.py",
+                "tests/test_costs.py"]
 
 
 def _report_dir(device: Device) -> pathlib.Path:

@@ -26,13 +26,18 @@ cache that drops tokens equals full attention under the matching mask of
 :func:`~selfattn.masks.causal_mask` (``window``, ``n_sink``): tests/test_cache.py checks each one
 against that full pass.
 
-What a step costs (asserted in tests/test_costs.py): :class:`KVCache` writes the new tokens into
-its buffer and returns views of it (a copy of the whole cache only when it doubles, or, with
-autograd recording, at every step); :class:`SlidingWindowCache` and :class:`SinkCache` write the
-new token into its slot and return their buffers themselves for one new token (no copy, whatever
-the window), and gather the keys in order of position only for a chunk of several, which needs
-its band mask; :class:`PagedKVCache` gathers the sequence's blocks into one tensor at every step
-(a copy of what it holds: the readable stand-in for a kernel that reads the blocks in place).
+What a step costs (asserted in tests/test_costs.py), where autograd records nothing (no_grad,
+or nothing requires grad): :class:`KVCache` writes the new tokens into its buffer and returns
+views of it (a copy of the whole cache only when it doubles); :class:`SlidingWindowCache` and
+:class:`SinkCache` write one new token into its slot and return their buffers themselves (no
+copy, whatever the window; a mask given with it has its columns put in the order of the slots,
+:meth:`Cache.order`), and gather the keys in order of position for a chunk of several, which
+needs its band mask; :class:`PagedKVCache` gathers the sequence's blocks into one tensor at every
+step (a copy of what it holds: the readable stand-in for a kernel that reads the blocks in
+place). Where autograd records (training through a cache), what a step hands out may be saved
+for the backward pass, and no cache writes into it afterwards, in any grad mode: :class:`KVCache`
+builds new buffers at the next step and the rolling caches gather their window at every step
+(a copy of the cache a step, the price of gradients).
 
 Keys are cached as the layer hands them over: with RoPE, already rotated at their own positions.
 """
@@ -60,13 +65,19 @@ class Cache(ABC):
     length: int
 
     @abstractmethod
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor, *, recorded: bool = False) -> tuple[Tensor, Tensor]:
         """Add ``T`` new tokens' keys ``(B, H_kv, T, hd)`` and values ``(B, H_kv, T, hd_v)``;
         return the keys and values the ``T`` new queries attend to, ``(B, H_kv, S, ...)`` with
         ``S = size_after(T)``, in the cache's order: by position, the new tokens last, except
         one token into a rolling buffer (:class:`SlidingWindowCache`, :class:`SinkCache`),
-        which comes back in the order of the buffer's slots (a layer's weights for that step
-        follow the same order)."""
+        which comes back in the order of the buffer's slots; :meth:`order` says how to put
+        them back in order of position.
+
+        What comes back may be views of the cache's storage, valid until the next ``append``.
+        Autograd may save them (grad mode on, and ``k``, ``v``, what the cache holds, or the
+        caller's other inputs require grad: ``recorded``, which a layer passes when its queries
+        or its mask do); a cache never writes into storage it handed out that way, in any
+        later grad mode, so a backward pass through an earlier step stays valid."""
 
     @abstractmethod
     def size_after(self, T: int) -> int:
@@ -77,6 +88,14 @@ class Cache(ABC):
         """Called right after ``append`` of ``T`` tokens: the bool ``(T, S)`` mask (True = may
         attend) that causal attention under this cache's rule gives the new queries over the
         returned keys; ``None`` when every new query may see every returned key."""
+
+    def order(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
+        """Called right after ``append`` of ``T`` tokens: ``None`` when it returned the keys in
+        order of position; otherwise the ``(S,)`` indices that put them in that order
+        (``keys[:, :, order]`` is by position). A layer reads a caller's ``attn_mask``, which is
+        over the keys by position, in the cache's order with it, and gives its weights back by
+        position, so that neither depends on how the cache stores its tokens."""
+        return None
 
     def is_plain_causal(self, T: int) -> bool:
         """Called right after ``append`` of ``T`` tokens: whether :meth:`mask` is PyTorch's own
@@ -148,6 +167,14 @@ def _check_like_stored(cache: str, k: Tensor, v: Tensor, k_store: Tensor, v_stor
             )
 
 
+def _records(recorded: bool, *tensors: Tensor | None) -> bool:
+    """Whether autograd may save what an ``append`` hands out: grad mode on, and the caller's
+    step records (``recorded``: its queries or mask require grad) or any of ``tensors`` (the new
+    keys and values, the cache's buffers) requires grad."""
+    return torch.is_grad_enabled() and (
+        recorded or any(t is not None and t.requires_grad for t in tensors))
+
+
 def _bytes_per_token(k: Tensor, v: Tensor) -> int:
     """Bytes of one token's keys and values across the batch and the heads of ``k``, ``v``."""
     return (k.shape[0] * k.shape[1] * k.shape[3] + v.shape[0] * v.shape[1] * v.shape[3]) * k.element_size()
@@ -186,9 +213,13 @@ class KVCache(_KeepsEveryToken):
         self.length = 0
         self._k: Tensor | None = None
         self._v: Tensor | None = None
+        self._lent = False  # views of the buffers handed out that autograd may have saved
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add ``k``, ``v`` of shape ``(B, n_kv_heads, T, head_dim)``; return all keys and values."""
+    def append(self, k: Tensor, v: Tensor, *, recorded: bool = False) -> tuple[Tensor, Tensor]:
+        """Add ``k``, ``v`` of shape ``(B, n_kv_heads, T, head_dim)``; return all keys and values:
+        views of the buffers, or, after a step that autograd recorded, new buffers (a copy of the
+        cache, the price of gradients: autograd may have saved the views handed out, and writing
+        into their storage would invalidate them, whatever the grad mode now)."""
         k, v = _check_kv(k, v)
         B, n_kv, T, _ = k.shape
         end = self.length + T
@@ -198,12 +229,11 @@ class KVCache(_KeepsEveryToken):
             self._v = v.new_empty(B, n_kv, cap, v.shape[-1])  # (B, n_kv, cap, hd_v)
         else:
             _check_like_stored("KVCache", k, v, self._k, self._v)
-            if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self._k, self._v)):
-                # autograd saved the views returned before: writing into their buffer would
-                # invalidate them, so build new buffers instead (a copy a step: gradients' price)
+            if self._lent:  # new buffers, holding exactly the tokens: the old ones stay as saved
                 self._k = torch.cat([self._k[:, :, : self.length], k], dim=2)  # (B, n_kv, S, hd)
                 self._v = torch.cat([self._v[:, :, : self.length], v], dim=2)
                 self.length = end
+                self._lent = _records(recorded, k, v, self._k, self._v)
                 return self._k, self._v
             if end > self._k.shape[2]:
                 cap = max(2 * self._k.shape[2], end)
@@ -211,6 +241,7 @@ class KVCache(_KeepsEveryToken):
         self._k[:, :, self.length : end] = k
         self._v[:, :, self.length : end] = v
         self.length = end
+        self._lent = _records(recorded, k, v, self._k, self._v)
         return self._k[:, :, :end], self._v[:, :, :end]  # (B, n_kv, S, hd), views
 
     def _grown(self, old: Tensor, cap: int) -> Tensor:
@@ -327,9 +358,10 @@ class PagedKVCache(_KeepsEveryToken):
         self.block_table: list[int] = []
         self.length = 0
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor, *, recorded: bool = False) -> tuple[Tensor, Tensor]:
         """Add ``k``, ``v`` of shape ``(1, n_kv_heads, T, head_dim)``; return all keys and values
-        of the sequence, gathered from its blocks in order."""
+        of the sequence, gathered from its blocks in order (a copy: nothing handed out shares
+        the pool's storage, so ``recorded`` changes nothing here)."""
         k, v = self._checked(k, v)
         T, size = k.shape[2], self.pool.block_size
         needed = -(-(self.length + T) // size) - len(self.block_table)  # new blocks, rounded up
@@ -403,6 +435,7 @@ class _RollingCache(Cache):
         self.length = 0
         self._k: Tensor | None = None  # (B, H_kv, n_sink + window, hd), at the first append
         self._v: Tensor | None = None
+        self._by_slot = False  # the last append returned the buffer in an order not by position
 
     def _seen(self, P: int) -> tuple[range, range]:
         """The positions of the cached tokens that the token at position ``P`` may see: the sinks
@@ -419,19 +452,21 @@ class _RollingCache(Cache):
         ring = self.n_sink + (positions - self.n_sink) % self.window
         return torch.where(positions < self.n_sink, positions, ring)
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor, *, recorded: bool = False) -> tuple[Tensor, Tensor]:
         """Add ``T`` tokens; return the keys and values the new queries attend to,
         ``(B, H_kv, S, hd)``; afterwards the cache keeps only the sinks and the last ``window``.
 
         One new token (decoding): it is written into its slot, over the token ``window``
         positions before it, which it may not see, and the buffers themselves come back (views,
-        valid until the next ``append``): exactly the tokens it sees, in the order of their slots.
-        A single query's softmax and weighted sum do not depend on the order of the keys, and
-        the keys are stored already rotated (RoPE), so nothing is gathered or copied, whatever
-        the window (Mistral's rolling buffer).
+        valid until the next ``append``): exactly the tokens it sees, in the order of their slots
+        (:meth:`order` gives the way back to the order of position). A single query's softmax
+        and weighted sum do not depend on the order of the keys, and the keys are stored already
+        rotated (RoPE), so nothing is gathered or copied, whatever the window (Mistral's rolling
+        buffer); only a mask over the keys must follow their order, which the layer sees to.
 
-        A chunk of several, or one token while autograd records (writing into a buffer that
-        autograd saved views of would invalidate them): the cached tokens the first new one may
+        A chunk of several, or one token while autograd records (``recorded``, or anything
+        requiring grad: autograd could save views handed out then, and later steps write into
+        the buffer, which would invalidate them): the cached tokens the first new one may
         see, in order of position, then the new ones, a new tensor of up to
         ``n_sink + window - 1 + T`` tokens, for the band mask of :meth:`mask`."""
         k, v = _check_kv(k, v)
@@ -443,15 +478,17 @@ class _RollingCache(Cache):
             self._v = v.new_empty(B, H_kv, size, v.shape[3])  # (B, H_kv, n_sink + window, hd_v)
         else:
             _check_like_stored(type(self).__name__, k, v, self._k, self._v)
-        recorded = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (k, v, self._k, self._v))
-        if T == 1 and not recorded:
+        if T == 1 and not _records(recorded, k, v, self._k, self._v):
             slot = self._slot(P)
             self._k[:, :, slot : slot + 1] = k  # (B, H_kv, 1, hd)
             self._v[:, :, slot : slot + 1] = v  # (B, H_kv, 1, hd_v)
             self.length = P + 1
-            kept = min(P + 1, self.n_sink + self.window)  # the slots filled so far
+            size = self.n_sink + self.window
+            kept = min(P + 1, size)  # the slots filled so far
+            # by position until the ring wraps, and again whenever the newest is in its last slot
+            self._by_slot = P >= size and slot != size - 1
             return self._k[:, :, :kept], self._v[:, :, :kept]  # (B, H_kv, S, hd), views
+        self._by_slot = False
         # the cached tokens the first new query may see, in order of position, then the new ones
         sinks, recent = self._seen(P)
         seen = torch.cat([torch.arange(sinks.start, sinks.stop, device=device),
@@ -482,6 +519,18 @@ class _RollingCache(Cache):
         sinks, recent = self._seen(self.length - T)
         S = len(sinks) + len(recent) + T
         return causal_mask(T, S, offset=S - T, window=self.window, n_sink=self.n_sink, device=device)
+
+    def order(self, T: int, device: torch.device | str | None = None) -> Tensor | None:
+        """After one token into a full ring (the only case that returns the slots' order): the
+        slot of each key it sees, the sinks then the window, by position."""
+        if not self._by_slot:
+            return None
+        P = self.length - 1  # the token just appended
+        sinks, recent = self._seen(P)
+        n = len(sinks)
+        j = torch.arange(n + P + 1 - recent.start, device=device)  # (S,): the keys by position
+        positions = torch.where(j < n, j, j - n + recent.start)  # the sinks, then the window
+        return self._slots(positions)  # (S,)
 
     def is_plain_causal(self, T: int) -> bool:
         return self.length == T and T <= self.n_sink + self.window

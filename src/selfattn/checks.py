@@ -41,15 +41,20 @@ def check_same_dtype_device(**tensors: Tensor) -> None:
             )
 
 
-def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mask") -> Tensor:
+def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mask", *,
+               read_values: bool = True) -> Tensor:
     """Check a mask: bool (True = may attend) or float (added to the scores).
 
-    It must broadcast to ``target`` (the shape of the scores). Integer masks and float masks
-    holding only 0 and 1 are rejected: both are almost always a boolean mask in disguise, and
-    adding 1 to the allowed scores would silently mask nothing. The 0/1 scan reads the mask's
-    values, so it runs only on a CPU mask: on a GPU, a Python ``bool`` of a tensor waits for the
-    device (a synchronisation at every call), and a check must not cost that. It is one pass
-    (the smallest and largest value) and a second only when those are 0 and 1.
+    It must broadcast to ``target`` (the shape of the scores). Integer masks are rejected, and so
+    are float masks holding only 0 and 1 (read from its values): both are almost always a boolean
+    mask in disguise, and adding 1 to the allowed scores would silently mask nothing. The scan is
+    one pass (the smallest and largest value) and a second only when those are 0 and 1.
+
+    ``read_values=False`` skips the scan. On a GPU, a Python ``bool`` of a tensor waits for the
+    device: a synchronisation, which a check must not add to every forward of a layer.
+    :class:`~selfattn.MultiHeadAttention` therefore scans a CPU mask only; the functions that
+    return the weights (:func:`~selfattn.scaled_dot_product_attention`,
+    :func:`~selfattn.masked_softmax`) scan on every device: they hold every score anyway.
     """
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(attn_mask).__name__}")
@@ -58,7 +63,7 @@ def check_mask(attn_mask: object, target: tuple[int, ...], name: str = "attn_mas
             f"{name} must be bool (True = may attend) or float (added to the scores), "
             f"got dtype {attn_mask.dtype}; use mask.bool() if 1 means 'may attend'"
         )
-    if attn_mask.is_floating_point() and attn_mask.numel() > 0 and attn_mask.device.type == "cpu":
+    if read_values and attn_mask.is_floating_point() and attn_mask.numel() > 0:
         low, high = torch.aminmax(attn_mask)
         if (low.item(), high.item()) == (0.0, 1.0) and bool(
                 ((attn_mask == 0) | (attn_mask == 1)).all()):

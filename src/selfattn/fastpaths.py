@@ -10,10 +10,12 @@ the same result another way, and runs only where its condition, which sees the w
 ====================  ==========================================================================
 path                  runs when ``ENABLED[path]`` and
 ====================  ==========================================================================
-``grouped_heads``     there are more query heads than key/value heads (GQA, MQA), and the
-                      weights are asked for, or one query and no causal mask (decoding), or
-                      PyTorch's fused kernel takes the grouped heads as they are (a CPU; on
-                      CUDA, as PyTorch's own checks say)
+``grouped_heads``     there are more query heads than key/value heads (GQA, MQA), and
+                      ``stacked_groups`` runs, or no weights are asked for and PyTorch's fused
+                      kernel takes the grouped heads as they are (a CPU; on CUDA, as PyTorch's
+                      own checks say)
+``stacked_groups``    ``grouped_heads`` runs; one new query (decoding), with the weights asked
+                      for or without a causal mask
 ``inplace_softmax``   the weights are asked for; on a CPU
 ``split_kv``          no weights; no mask, not causal, no dropout; nothing to differentiate (the
                       kernel gives no gradient for the log-sum-exp that merges the parts); on
@@ -25,21 +27,26 @@ path                  runs when ``ENABLED[path]`` and
 ====================  ==========================================================================
 
 ``grouped_heads`` is a step on the call, taken first: it decides how the query heads meet their
-key/value head (the readable way copies the keys, :func:`~selfattn.heads.repeat_kv`). Then the
-first kernel of :data:`KERNELS` whose condition holds runs, else the default one:
+key/value head (the readable way copies the keys, :func:`~selfattn.heads.repeat_kv`), and
+``stacked_groups`` is one of its two ways. Then the first kernel of :data:`KERNELS` whose
+condition holds runs, else the default one:
 
 * ``grouped_heads``: GQA and MQA without copying the keys (during decoding the copy would move
-  as many bytes as MHA's whole cache), in one of two ways. One new query (decoding) with no
-  causal mask, or the weights asked for: the group's query heads are stacked along the sequence
-  axis and attend to their key/value head in one product (decoding needs no mask: a padding
-  mask is the same for every head of a group; with the weights, a mask is regrouped like the
-  queries, ``(g*L, S)``, a fraction of the ``(H, L, S)`` weights). Otherwise, without weights:
-  PyTorch's kernel gets the key/value heads as they are, ``enable_gqa=True``, with
-  ``is_causal`` passed on, so a causal prefill or training step reaches the kernel with no mask
-  tensor and never holds an ``(L, S)`` one (stacking it would turn ``is_causal`` into a
-  ``(g*L, S)`` mask). Where the fused kernel would fall back to its math backend on grouped
-  heads (CUDA, by PyTorch's version, GPU and dtype), the path does not run and the readable copy
-  does: cheaper than the ``(L, S)`` scores that backend holds.
+  as many bytes as MHA's whole cache). Without weights, PyTorch's kernel gets the key/value
+  heads as they are, ``enable_gqa=True``, with ``is_causal`` passed on, so a causal prefill or
+  training step reaches the kernel with no mask tensor and never holds an ``(L, S)`` one.
+  Where the fused kernel would fall back to its math backend on grouped heads (CUDA, by
+  PyTorch's version, GPU and dtype), the path does not run and the readable copy does: cheaper
+  than the ``(L, S)`` scores that backend holds. With the weights and several queries, the copy
+  runs too: the readable softmax then holds ``(H, L, S)`` weights, beside which the copied keys
+  are small, and it measured faster than stacking the queries.
+* ``stacked_groups``: one new query (decoding): the group's query heads are stacked along the
+  sequence axis, ``(B, H_kv, g, hd)``, a reshape that copies nothing, and attend to their
+  key/value head in one matrix product, where PyTorch's CPU kernel does one matrix-vector
+  product per query head (FlashAttention-2's ``seqlenq_ngroups_swapped``). A mask is regrouped
+  like the queries, a view: a padding mask is the same for every head of a group. With the
+  weights, it is the only way without a copy of the keys. ``make bench`` times it against
+  ``enable_gqa`` on the same step (``stacked_groups`` switched off).
 * ``inplace_softmax``: the masks overwrite the scores' own buffer instead of allocating new
   ``(L, S)`` ones, and so does the softmax where there is nothing to differentiate (grad mode
   off, or no input and no mask requiring grad; autograd keeps the softmax's output for the
@@ -75,7 +82,8 @@ from .attention import attend as readable_attend
 from .heads import _repeat_kv
 from .masks import causal_mask
 
-ENABLED = {"grouped_heads": True, "inplace_softmax": True, "split_kv": True}
+ENABLED = {"grouped_heads": True, "stacked_groups": True, "inplace_softmax": True,
+           "split_kv": True}
 SPLIT_KV_MIN_KEYS = 4096  # split a cache across threads from this many keys
 SPLIT_KV_MAX_QUERIES = 64  # ... for at most this many queries (decoding, not a prefill)
 
@@ -97,9 +105,9 @@ def disabled(*names: str) -> Iterator[None]:
 @dataclass(frozen=True, slots=True)
 class Call:
     """One call of :func:`attend_heads`: everything a path's condition may read. ``q`` is
-    ``(B, H, L, hd)`` (``(B, H_kv, g*L, hd)`` once ``grouped_heads`` has stacked it), ``k`` and
-    ``v`` ``(B, H_kv, S, hd)``; the options as given; grad mode and the thread count as they were
-    when the call was made."""
+    ``(B, H, L, hd)`` (``(B, H_kv, g, hd)`` once ``stacked_groups`` has stacked one query per
+    head), ``k`` and ``v`` ``(B, H_kv, S, hd)``; the options as given; grad mode and the thread
+    count as they were when the call was made."""
 
     q: Tensor
     k: Tensor
@@ -143,8 +151,8 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class FastPath:
     """A fast path: its name in :data:`ENABLED`, the condition under which it computes what the
-    readable path computes, and what it runs: for ``grouped_heads`` the :class:`Call` that the
-    call becomes, for a kernel ``(output, weights or None)``."""
+    readable path computes, and what it runs: for ``grouped_heads`` and ``stacked_groups`` the
+    :class:`Call` that the call becomes, for a kernel ``(output, weights or None)``."""
 
     name: str
     eligible: Callable[[Call], bool]
@@ -169,7 +177,7 @@ def attend_heads(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = 
     call = GROUPED_HEADS.run(call) if _chosen(GROUPED_HEADS, call) else _copy_kv_heads(call)
     # kernel: the first fast path whose condition holds, else the default computation
     kernel = next((path.run for path in KERNELS if _chosen(path, call)), _default)
-    out, weights = kernel(call)  # (B, H or H_kv, L or g*L, hd), the weights likewise over S
+    out, weights = kernel(call)  # (B, H or H_kv, L or g, hd), the weights likewise over S
     return out.reshape(B, H, L, -1), None if weights is None else weights.reshape(B, H, L, S)
 
 
@@ -199,13 +207,15 @@ def _copy_kv_heads(c: Call) -> Call:
 
 
 def _grouped_eligible(c: Call) -> bool:
-    return c.group_size > 1 and (_stacks(c) or _fused_takes_groups(c))  # weights: stacked
+    return c.group_size > 1 and (_chosen(STACKED_GROUPS, c)
+                                 or (not c.need_weights and _fused_takes_groups(c)))
 
 
 def _stacks(c: Call) -> bool:
-    """Stack the group's query heads: the weights are asked for (their ``(H, L, S)`` dwarf a
-    regrouped mask), or one new query and no causal mask (decoding: no mask is built)."""
-    return c.need_weights or (c.q.shape[2] == 1 and not c.is_causal)
+    """``stacked_groups``' condition: grouped heads, one new query (decoding), and the weights
+    asked for (stacking is then the only way without a copy) or no causal mask (decoding needs
+    none). Several queries with the weights measured faster copied (the readable way)."""
+    return c.group_size > 1 and c.q.shape[2] == 1 and (c.need_weights or not c.is_causal)
 
 
 def _fused_takes_groups(c: Call) -> bool:
@@ -215,7 +225,8 @@ def _fused_takes_groups(c: Call) -> bool:
     GPU and the dtype (FlashAttention needs ``sm_80`` and half precision; the memory-efficient
     kernel takes grouped heads only in recent versions), so PyTorch's own checks are asked; where
     neither fused kernel would run, copying the keys (the readable way) costs far less.
-    Elsewhere (MPS), the copy too."""
+    Elsewhere (MPS), the copy too. A PyTorch whose checks cannot be asked (an older version,
+    without them or with another signature) gets the copy, with a warning, once."""
     if c.q.device.type == "cpu":
         return True
     if c.q.device.type != "cuda":
@@ -228,38 +239,45 @@ def _fused_takes_groups(c: Call) -> bool:
         )
 
         params = SDPAParams(c.q, c.k, c.v, c.attn_mask, c.dropout_p, c.is_causal, True)
-        return bool(can_use_flash_attention(params) or can_use_efficient_attention(params))
-    except (ImportError, TypeError, RuntimeError):  # an older PyTorch: copy, never wrong
+    except (ImportError, TypeError) as error:  # not this PyTorch's API: copy, never wrong
+        _warn_copying(f"{type(error).__name__}: {error}")
         return False
+    return bool(can_use_flash_attention(params) or can_use_efficient_attention(params))
+
+
+@functools.cache
+def _warn_copying(error: str) -> None:
+    """Say once that grouped heads are copied on CUDA because PyTorch's checks could not be
+    asked (``functools.cache``: once per distinct error)."""
+    import warnings
+
+    warnings.warn(
+        "selfattn.fastpaths: PyTorch's SDPA checks (torch.backends.cuda.SDPAParams, "
+        f"can_use_flash_attention) could not be asked ({error}); "
+        "grouped key/value heads are copied on CUDA (repeat_kv) instead of passed with "
+        "enable_gqa. The results are the same; the copy costs memory and time",
+        RuntimeWarning, stacklevel=4)
 
 
 def _share_kv_heads(c: Call) -> Call:
     """``grouped_heads``' step: the call with each group's query heads stacked where
-    :func:`_stacks` says; otherwise the call as it is, for PyTorch's ``enable_gqa``."""
-    return _stack_groups(c) if _stacks(c) else c
+    ``stacked_groups`` runs; otherwise the call as it is, for PyTorch's ``enable_gqa``."""
+    return STACKED_GROUPS.run(c) if _chosen(STACKED_GROUPS, c) else c
 
 
 def _stack_groups(c: Call) -> Call:
-    """The query heads of each group stacked along the sequence, ``(B, H_kv, g*L, hd)``, with the
-    mask regrouped to match (a causal mask becomes a bool one, regrouped like the queries): the
+    """One new query per head: each group's query heads stacked as the rows of one query matrix,
+    ``(B, H_kv, g, hd)`` (a reshape, no copy), and the mask regrouped to match (a view); the
     group attends to its key/value head in one product."""
-    B, H, L, hd = c.q.shape
+    B, H, _, hd = c.q.shape  # one query per head
     g = c.group_size
-    mask = causal_mask(L, c.k.shape[2], device=c.q.device) if c.is_causal else c.attn_mask
-    q = c.q.reshape(B, H // g, g * L, hd)  # (B, H_kv, g*L, hd)
-    mask = None if mask is None else _group_mask(mask, H, g, L)
+    mask = causal_mask(1, c.k.shape[2], device=c.q.device) if c.is_causal else c.attn_mask
+    q = c.q.reshape(B, H // g, g, hd)  # (B, H_kv, g, hd)
+    if mask is not None:
+        mask = mask[(None,) * (4 - mask.dim())]  # (b, h, 1, s), h in {1, H}
+        if mask.shape[1] == H:  # one row per head: the group's rows, like the queries
+            mask = mask.reshape(mask.shape[0], H // g, g, mask.shape[3])  # (b, H_kv, g, s)
     return replace(c, q=q, attn_mask=mask, is_causal=False)
-
-
-def _group_mask(mask: Tensor, H: int, g: int, L: int) -> Tensor:
-    """A mask broadcastable to (B, H, L, S), reshaped to (B, H / g, g*L, S) like the queries."""
-    m = mask[(None,) * (4 - mask.dim())]  # (b, h, l, s), h in {1, H}, l in {1, L}
-    b, h, l, s = m.shape
-    if h == 1 and l == 1:
-        return m  # broadcasts as it is
-    if h == 1:
-        return m[:, :, None].expand(b, 1, g, L, s).reshape(b, 1, g * L, s)  # (b, 1, g*L, s)
-    return m.expand(b, H, L, s).reshape(b, H // g, g * L, s)  # (b, H_kv, g*L, s)
 
 
 def _inplace_softmax(c: Call) -> tuple[Tensor, Tensor]:
@@ -361,6 +379,7 @@ def _split_kv_attention(q: Tensor, k: Tensor, v: Tensor, chunks: int) -> Tensor:
 
 # The table: each path's condition and what it runs (the module docstring says them in words).
 GROUPED_HEADS = FastPath("grouped_heads", _grouped_eligible, _share_kv_heads)
+STACKED_GROUPS = FastPath("stacked_groups", _stacks, _stack_groups)
 SPLIT_KV = FastPath("split_kv", _split_kv_eligible, _split_kv)
 KERNELS = [
     FastPath("inplace_softmax", lambda c: c.need_weights and c.on_cpu, _inplace_softmax),

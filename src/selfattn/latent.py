@@ -111,6 +111,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
         self.q_rope: nn.Linear | None = None
         self.k_rope: nn.Linear | None = None
+        # absorbed_weights(), and what it was computed from: (param, data_ptr, version) each
+        self._absorbed_memo: tuple[tuple, AbsorbedWeights] | None = None
         if rope_dim:
             self.q_rope = nn.Linear(d_model, n_heads * rope_dim, bias=bias)
             self.k_rope = nn.Linear(d_model, rope_dim, bias=bias)
@@ -145,8 +147,9 @@ class MultiHeadLatentAttention(nn.Module):
         values at each call, ``(B, H, S, head_dim)`` each; the absorbed one reads the cache as
         it is (no copy per head, none per step; in float16 or bfloat16 it multiplies in float32,
         as :func:`~selfattn.attention.attend` does, so it reads a float32 copy of the latents),
-        which is why decoding uses it, but recomputes its two matrices at each call
-        (:meth:`absorbed_weights`; a server computes them once).
+        which is why decoding uses it, with its two matrices computed once and kept until a
+        weight changes (:meth:`absorbed_weights`; recomputed at every call where autograd
+        records).
 
         ``absorb``: compute with $W^{UK}$ absorbed into the query and $W^{UV}$ into the output
         projection (the decode form, :meth:`absorbed_weights`) instead of up-projecting every
@@ -165,7 +168,9 @@ class MultiHeadLatentAttention(nn.Module):
         q_rope, k_rope = self._rope_parts(x, positions)  # (B, H, L, dr), (B, 1, L, dr)
         # cache: what a token leaves behind is its latent and its rotated rope key
         if kv_cache is not None:
-            latent, k_rope = kv_cache.append(latent, k_rope)  # (B, 1, S, r), (B, 1, S, dr)
+            # recorded: autograd may save the latents for any weight's gradient (or the input's)
+            recorded = x.requires_grad or any(p.requires_grad for p in self.parameters())
+            latent, k_rope = kv_cache.append(latent, k_rope, recorded=recorded)  # (B, 1, S, r), (B, 1, S, dr)
         # mask: after P cached tokens the queries sit at P..P+L-1 (and a cache may have dropped
         # keys), so the cache's rule says which returned keys each new query sees
         attn_mask = None
@@ -230,14 +235,43 @@ class MultiHeadLatentAttention(nn.Module):
         return F.linear(_merge_heads(out.view(B, H, L, r)), w.output, w.output_bias)  # (B, L, d_model)
 
     def absorbed_weights(self) -> AbsorbedWeights:
-        r"""$W^{UK}$ absorbed into $W^Q$ and $W^{UV}$ into $W^O$ (§2.1.2), computed from the
-        current weights (so they follow any change to them).
+        r"""$W^{UK}$ absorbed into $W^Q$ and $W^{UV}$ into $W^O$ (§2.1.2), from the current
+        weights.
 
         Per head $i$: $\tilde W^Q_i = W^{UK\top}_i W^Q_i$ ``(kv_rank, d_model)`` and
         $\tilde W^O_i = W^O_i W^{UV}_i$ ``(d_model, kv_rank)``. With biases, the query's is
         $W^{UK\top}_i b^Q_i$ and the output's $b^O + \sum_i W^O_i b^{UV}_i$: a token's weights
         sum to 1, so the value bias passes through the weighted sum unchanged.
+
+        Computing them costs two products of the weights, ``2 * n_heads * head_dim * kv_rank *
+        d_model`` multiply-adds, more than a decoding step's attention at short contexts, so
+        they are computed once and kept, as a server does, and the same tensors come back until
+        a weight they are made of changes: in place (an optimiser's step, ``load_state_dict``,
+        each tracked by the tensor's version counter) or replaced (``.to()``, a new
+        ``nn.Parameter``). Where autograd records (grad mode on and one of those weights
+        requiring grad) they are recomputed at every call instead, so that gradients reach the
+        weights.
         """
+        params = self._absorbed_from()
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return self._absorb()  # differentiable: the gradients flow through the products
+        key = tuple((p, p.data_ptr(), p._version) for p in params)
+        memo = self._absorbed_memo
+        if memo is None or len(memo[0]) != len(key) or any(
+                a is not b or a_ptr != b_ptr or a_version != b_version
+                for (a, a_ptr, a_version), (b, b_ptr, b_version) in zip(memo[0], key, strict=True)):
+            with torch.inference_mode(False), torch.no_grad():  # plain tensors, in any mode
+                memo = (key, self._absorb())
+            self._absorbed_memo = memo
+        return memo[1]
+
+    def _absorbed_from(self) -> list[Tensor]:
+        """The weights :meth:`absorbed_weights` reads."""
+        return [t for lin in (self.q_proj, self.k_up, self.v_up, self.out_proj)
+                for t in (lin.weight, lin.bias) if t is not None]
+
+    def _absorb(self) -> AbsorbedWeights:
+        """:meth:`absorbed_weights`, computed now."""
         H, hd, r, d = self.n_heads, self.head_dim, self.kv_rank, self.d_model
         w_q = self.q_proj.weight.view(H, hd, d)  # (H, hd, d): W^Q_i
         w_uk = self.k_up.weight.view(H, hd, r)  # (H, hd, r): W^UK_i

@@ -141,27 +141,44 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` (B, L, d_model) to ``key`` (B, S, kdim) / ``value`` (B, S, vdim).
 
         ``key`` defaults to ``query`` and ``value`` to ``key`` (self-attention). ``attn_mask``:
-        bool (True = may attend) or float (added), broadcastable to ``(B, n_heads, L, S)``.
+        bool (True = may attend) or float (added; of any float dtype: one that is neither the
+        layer's nor float32 is cast to the softmax's dtype), broadcastable to
+        ``(B, n_heads, L, S)``, its columns the keys in order of position; a float mask of
+        only 0 and 1 (a bool mask in disguise) is refused where reading it costs no wait for
+        the device, on a CPU (:func:`~selfattn.checks.check_mask`).
         ``is_causal``: query ``i`` sees keys up to its own position; with a ``kv_cache`` after
         ``P`` tokens, the new queries sit at positions ``P..P+L-1``. ``kv_cache``: any
         :class:`~selfattn.cache.Cache`, for self-attention only (``key`` and ``value`` left out,
         or ``query`` itself; anything else is a ``ValueError``: a cache would append a
         cross-attention memory again at every step); the new keys and values are appended to it
         and attention covers the keys it returns, ``S = kv_cache.size_after(L)`` of them
-        (``attn_mask`` is over those), each new query seeing those the cache's rule allows under
-        ``is_causal`` (:func:`~selfattn.cache.causal_after_append`), and every one without it.
+        (``attn_mask`` is over those, by position: the sinks and the window of a rolling cache,
+        oldest first), each new query seeing those the cache's rule allows under ``is_causal``
+        (:func:`~selfattn.cache.causal_after_append`), and every one without it. A rolling cache
+        hands one new token's keys back in the order of its slots, without a copy; the layer
+        then moves the mask's columns to that order (:meth:`~selfattn.cache.Cache.order`: a
+        mask-sized gather, never one of the keys).
 
-        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in the
-        order the cache returns them (:meth:`~selfattn.cache.Cache.append`).
+        ``need_weights``: also return the weights ``(B, n_heads, L, S)``, over the keys in order
+        of position, whatever the cache and the grad mode (after a rolling cache's step, which
+        holds its keys in the order of its slots, a gather of the weights: one more tensor of
+        their size, never one of the keys). They come from the readable softmax,
+        which computes the scores in float32 for float16 and bfloat16 layers (a half-precision
+        product of large entries can overflow): it reads a float32 copy of the keys, twice the
+        bytes of the keys it attends to, at every call, a decoding step included (the values
+        and the output stay in the layer's dtype).
 
         What reaches the kernel (tests/test_costs.py): a plain causal call (no mask, no cache,
         or a prompt into an empty cache that keeps it) gets ``is_causal=True`` and no mask
         tensor, with every head layout (MHA, GQA, MQA); a mask is built only when ``attn_mask``
         is given (the causal rule folded into it, in its shape broadcast with ``(L, S)``) or
-        for several new tokens after a cache (the cache's ``(L, S)`` booleans), never one per
-        head. A causal call without weights, mask or cache holds no ``(L, S)`` tensor of its
-        own; PyTorch's CPU kernel does, in its math backend, for dropout or a mask that requires
-        grad.
+        for several new tokens after a cache (the cache's ``(L, S)`` booleans), and with the
+        weights the readable softmax applies ``is_causal`` as one ``(L, S)`` tensor; never one
+        per head or per query head of a group (GQA and MQA with the weights copy their
+        key/value heads for several queries, small beside the ``(H, L, S)`` weights, and stack
+        a group's heads for one query, the mask regrouped as a view). A causal call without
+        weights, mask or cache holds no ``(L, S)`` tensor of its own; PyTorch's CPU kernel does,
+        in its math backend, for dropout or a mask that requires grad.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -179,15 +196,27 @@ class MultiHeadAttention(nn.Module):
         if cfg.rope:
             q = _apply_rope(q, torch.arange(P, P + L, device=q.device))
             k = _apply_rope(k, torch.arange(P, P + k.shape[2], device=k.device))
-        # cache: the keys and values the new queries attend to (the keys are stored rotated)
+        # cache: the keys and values the new queries attend to (the keys are stored rotated),
+        # and, where the cache keeps them in another order, how to put them by position
+        order = None
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H_kv, S, hd)
+            # recorded: autograd may save the keys for the queries' or the mask's gradients
+            recorded = q.requires_grad or (attn_mask is not None and attn_mask.requires_grad)
+            k, v = kv_cache.append(k, v, recorded=recorded)  # (B, H_kv, S, hd)
+            if attn_mask is not None or need_weights:
+                order = kv_cache.order(L, device=q.device)  # (S,) or None: by position
         # mask: PyTorch's is_causal is top-left aligned, right only for queries 0..L-1 over keys
         # 0..S-1; after a cache the queries sit at P..P+L-1 and the cache may have dropped keys,
         # so the cache says which returned keys each new query sees (None: all of them)
         S = k.shape[2]
         if attn_mask is not None:  # every kernel takes it as 4-D: (b, h, l, s), broadcasting
             attn_mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # to (B, H, L, S)
+            if attn_mask.is_floating_point() and attn_mask.dtype not in (q.dtype, torch.float32):
+                # PyTorch's kernel takes a float mask in the queries' dtype or float32: another
+                # is cast to the softmax's dtype (float32; float64 for float64 queries)
+                attn_mask = attn_mask.to(torch.promote_types(q.dtype, torch.float32))
+            if order is not None and attn_mask.shape[-1] > 1:  # given by position: its columns
+                attn_mask = attn_mask[..., order.argsort()]  # (b, h, l, S) in the cache's order
         if is_causal and kv_cache is not None:
             is_causal, keep = causal_after_append(kv_cache, L, device=q.device)
             attn_mask = _and(attn_mask, keep)  # keep None: no mask needed
@@ -198,6 +227,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = cfg.dropout_p if self.training else 0.0
         out, weights = fastpaths.attend_heads(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                               dropout_p=dropout_p, need_weights=need_weights)
+        if order is not None and weights is not None:
+            weights = weights[..., order]  # (B, H, L, S): back in order of position
         # merge heads
         return self.out_proj(_merge_heads(out)), weights  # (B, L, out_dim)
 
@@ -239,7 +270,10 @@ class MultiHeadAttention(nn.Module):
             )
         if attn_mask is not None:
             S = key.shape[1] if kv_cache is None else kv_cache.size_after(key.shape[1])
-            check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S))
+            # a mask's values are read on a CPU only: elsewhere the read would wait for the device
+            on_cpu = not isinstance(attn_mask, Tensor) or attn_mask.device.type == "cpu"
+            check_mask(attn_mask, (query.shape[0], cfg.n_heads, query.shape[1], S),
+                       read_values=on_cpu)
 
     def load_projections(self, q: nn.Linear, k: nn.Linear, v: nn.Linear,
                          out: nn.Linear) -> MultiHeadAttention:

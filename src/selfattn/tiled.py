@@ -111,8 +111,7 @@ def tiled_attention(
     q = query.to(dtype).expand(*batch, L, E)  # (..., L, E)
     k = key.to(dtype).expand(*batch, S, E)  # (..., S, E)
     v = value.to(dtype).expand(*batch, S, Ev)  # (..., S, Ev)
-    if attn_mask is not None:
-        attn_mask = attn_mask.broadcast_to(*attn_mask.shape[:-2], L, S)  # (..., L, S), a view
+    if attn_mask is not None:  # in its own shape: the tiles read it through a broadcast view
         attn_mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
     out: Tensor = _TiledAttention.apply(q, k, v, attn_mask, is_causal, scale, b)  # (..., L, Ev)
     return out.to(query.dtype)
@@ -125,7 +124,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
                 is_causal: bool, scale: float, block_size: int) -> Tensor:
-        out, lse = tiled_forward(q, k, v, attn_mask, is_causal, scale, block_size)
+        out, lse = tiled_forward(q, k, v, _full(attn_mask, q, k), is_causal, scale, block_size)
         ctx.save_for_backward(q, k, v, attn_mask, out, lse)
         ctx.options = is_causal, scale, block_size
         return out
@@ -138,6 +137,12 @@ class _TiledAttention(torch.autograd.Function):
         dq, dk, dv, dmask = tiled_backward(grad_out, q, k, v, attn_mask, out, lse, *ctx.options,
                                            mask_grad=mask_grad)
         return dq, dk, dv, dmask, None, None, None
+
+
+def _full(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+    """``mask`` (broadcastable to the scores) as a view of the scores' whole shape
+    ``(..., L, S)``, for slicing into tiles: no copy."""
+    return None if mask is None else mask.broadcast_to(*q.shape[:-1], k.shape[-2])
 
 
 def _key_blocks(i: int, b: int, S: int, is_causal: bool) -> range:
@@ -207,20 +212,25 @@ def tiled_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask:
     order): with $D = \operatorname{rowsum}(dO \circ O)$,
     $dV \mathrel{+}= P^\top dO$, $dS = P \circ (dO\,V^\top - D)$,
     $dQ \mathrel{+}= dS\,K \cdot \text{scale}$, $dK \mathrel{+}= dS^\top Q \cdot \text{scale}$,
-    and the mask's gradient is $dS$ (summed over the batch dims it broadcasts over). The same
-    tiles as the forward: those a bool mask hides, and causal ones past the diagonal, are skipped.
+    and the mask's gradient is $dS$, summed tile by tile over the dims the mask broadcasts over,
+    into a tensor of the mask's own shape (a per-key bias ``(B, 1, 1, S)`` gets ``B * S``
+    numbers, never an ``(L, S)`` one). ``attn_mask`` broadcasts to the scores. The same tiles as
+    the forward: those a bool mask hides, and causal ones past the diagonal, are skipped.
     """
     b, L, S = block_size, q.shape[-2], k.shape[-2]
     D = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., L, 1)
     dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
-    dmask = None if not mask_grad or attn_mask is None else attn_mask.new_zeros(attn_mask.shape)
+    full = _full(attn_mask, q, k)  # (..., L, S), a view
+    dmask = None
+    if mask_grad and attn_mask is not None:  # the mask's shape, its missing leading dims as 1
+        dmask = attn_mask.new_zeros((1,) * (q.dim() - attn_mask.dim()) + tuple(attn_mask.shape))
     for i in range(0, L, b):  # a block of queries ...
         rows = slice(i, i + b)
         q_i = q[..., rows, :] * scale  # (..., Lb, E)
         do_i = grad_out[..., rows, :]  # (..., Lb, Ev)
         for j in _key_blocks(i, b, S, is_causal):  # ... against a block of keys
             cols = slice(j, j + b)
-            mask = None if attn_mask is None else attn_mask[..., rows, cols]  # (..., Lb, Sb)
+            mask = None if full is None else full[..., rows, cols]  # (..., Lb, Sb)
             if _hidden(mask):
                 continue
             s = _tile_scores(q_i, k[..., cols, :], mask, is_causal and j == i)  # (..., Lb, Sb)
@@ -230,6 +240,8 @@ def tiled_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, attn_mask:
             ds = p.mul_(dp.sub_(D[..., rows, :]))  # (..., Lb, Sb): in p's buffer
             dq[..., rows, :] += (ds @ k[..., cols, :]) * scale  # (..., Lb, E)
             dk[..., cols, :] += ds.transpose(-2, -1) @ q_i  # (..., Sb, E): q_i holds the scale
-            if dmask is not None and mask is not None:
-                dmask[..., rows, cols] += ds.sum_to_size(mask.shape)  # (..., Lb, Sb)
-    return dq, dk, dv, dmask
+            if dmask is not None:  # the tile's share, in the mask's shape (a row or column of 1)
+                tile = dmask[..., rows if dmask.shape[-2] > 1 else slice(None),
+                             cols if dmask.shape[-1] > 1 else slice(None)]
+                tile += ds.sum_to_size(tile.shape)  # (..., Lb or 1, Sb or 1)
+    return dq, dk, dv, None if dmask is None or attn_mask is None else dmask.view(attn_mask.shape)

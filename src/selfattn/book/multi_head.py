@@ -389,10 +389,10 @@ def kv_heads(n_heads: int = 8, n_kv_heads_list: Sequence[int] | None = None, hea
                         f"{sizes}.")
 
 
-def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
-    r"""How the library attends with shared key/value heads without copying them: the query heads
-    of a group are stacked as rows, ``(B, H, L, hd) -> (B, H_kv, g·L, hd)``, and each group meets
-    its one key/value head in a single product of $g L$ rows against $S$ keys. The rows are read
+def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2) -> Diagram:
+    r"""How the library decodes one new token with shared key/value heads without copying them:
+    the query heads of a group are stacked as rows, ``(B, H, 1, hd) -> (B, H_kv, g, hd)``, and
+    each group meets its one key/value head in a single product of $g$ rows against $S$ keys. The rows are read
     from :func:`~selfattn.fastpaths.attend_heads`' own regrouping (each query row labelled by its
     head and token), so the picture follows the code. FlashAttention 2 decodes GQA the same way
     (its ``seqlenq_ngroups_swapped``). The layer stacks the rows of one new token (decoding); a
@@ -401,15 +401,16 @@ def grouped_rows(n_heads: int = 8, n_kv_heads: int = 2, L: int = 1) -> Diagram:
     from ..fastpaths import Call, _stack_groups
 
     g = n_heads // n_kv_heads
-    # each query row holds its own number, head * L + token; the library regroups it
-    q = torch.arange(n_heads * L, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, L, 1)
+    L = 1  # one new token per head: the only case the library stacks
+    # each query row holds its own number, its head; the library regroups it
+    q = torch.arange(n_heads, dtype=torch.float32).reshape(1, n_heads, L, 1)  # (1, H, 1, 1)
     kv = torch.zeros(1, n_kv_heads, 1, 1)  # (1, H_kv, S, 1)
-    stacked = _stack_groups(Call.of(q, kv, kv)).q  # (1, H_kv, g*L, 1)
+    stacked = _stack_groups(Call.of(q, kv, kv)).q  # (1, H_kv, g, 1)
     is_view = stacked.data_ptr() == q.data_ptr()
     rows = stacked[0, :, :, 0].long().tolist()  # rows[j]: the query rows of group j
 
     def name(r: int) -> str:
-        return f"q head {r // L}" + (f", token {r % L}" if L > 1 else "")
+        return f"q head {r}"
 
     n_rows = n_heads * L
     pitch, gap = (0.25 if n_rows <= 8 else 0.2), 0.14

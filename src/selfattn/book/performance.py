@@ -263,9 +263,10 @@ def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 
                        contexts: tuple[int, int] = (8192, 16384)) -> list[dict]:
     """Each of :mod:`selfattn.fastpaths`' paths, timed with it and without it, side by side, on
     the call it exists for (no grad): a layer's forward with the weights over ``batch x T``
-    tokens (in-place softmax), and one decoding step of GQA-4 and of MQA
-    after ``contexts`` cached tokens (grouped heads, split cache). Rows give both times and the
-    speed-up the path brings."""
+    tokens (in-place softmax), and one decoding step of GQA-4 and of MQA after ``contexts``
+    cached tokens (grouped heads against the copy of the keys; the stacked groups against
+    PyTorch's ``enable_gqa``, which ``stacked_groups`` switched off leaves; the split cache).
+    Rows give both times and the speed-up the path brings."""
     torch.manual_seed(seed)
     layer = MultiHeadAttention(d_model, 8).eval()
     x = torch.randn(batch, T, d_model)
@@ -278,6 +279,8 @@ def fastpath_benchmark(repeats: int = 9, min_sample_s: float = 0.2, seed: int = 
                             lambda: layer(x, need_weights=True)),
         "grouped_heads": (f"GQA-4 decoding after {contexts[0]:,} tokens",
                           lambda: gqa(gqa_x, is_causal=True, kv_cache=gqa_cache)),
+        "stacked_groups": (f"GQA-4 decoding after {contexts[0]:,} tokens, vs enable_gqa",
+                           lambda: gqa(gqa_x, is_causal=True, kv_cache=gqa_cache)),
         "split_kv": (f"MQA decoding after {contexts[1]:,} tokens",
                      lambda: mqa(mqa_x, is_causal=True, kv_cache=mqa_cache)),
     }

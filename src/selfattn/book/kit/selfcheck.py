@@ -161,91 +161,42 @@ def self_check(question: str, expected: float | tuple[int, ...], *, kind: str = 
     Returns the :class:`SelfCheck` that Jupyter displays: the widget when ``SELFATTN_STATIC=1``
     (the book build), a one-line note without the answer otherwise (a live kernel).
 
-    Raises ``TypeError`` for an argument of the wrong type and ``ValueError`` for a wrong value: an
-    empty question, an unknown kind, an expected value that is not finite, a count or a dimension
-    below zero or beyond what the page's JavaScript holds exactly, ``rtol`` outside [0, 1) or
-    given for an exact kind, an unknown unit, a unit or hints given for a shape, a hint's factor
-    that is not a positive finite number further from 1 than "close" reaches, or an empty hint.
+    The chapter's own call is trusted, as every helper only chapters call is; what the page
+    relies on is asserted: a known kind and unit, a finite value, whole numbers JavaScript holds
+    exactly, hint factors that "close" cannot reach.
     """
-    if not isinstance(question, str):
-        raise TypeError(f"question must be a str, got {type(question).__name__}")
     question = " ".join(question.split())
-    if not question:
-        raise ValueError("question is empty: ask something, with the sizes it is about")
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a str, one of {KINDS}, got {type(kind).__name__}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if kind == "number":
-        if rtol is None:
-            rtol = DEFAULT_RTOL
-        if not isinstance(rtol, numbers.Real) or isinstance(rtol, bool):
-            raise TypeError(f"rtol must be a number, got {type(rtol).__name__}")
-        if not 0 <= rtol < 1:
-            raise ValueError(f"rtol must be in [0, 1), got {rtol!r}")
-        rtol = float(rtol)
-        if not isinstance(expected, numbers.Real) or isinstance(expected, bool):
-            raise TypeError(f"a number's expected value must be a real number, got {expected!r}")
-        if not math.isfinite(expected):
-            raise ValueError(f"a number's expected value must be finite, got {expected!r}")
-        expected = float(expected)
+    assert question and kind in KINDS, (question, kind)
+    assert unit is None or (unit in UNITS and kind != "shape"), unit
+    if isinstance(expected, tuple):
+        assert kind == "shape" and rtol is None and expected, "a shape: equal, one dimension or more"
+        expected = tuple(_whole(n, minimum=0) for n in expected)
+    elif kind == "count":
+        assert rtol is None, "a count is right only when equal"
+        expected = _whole(expected)
     else:
-        if rtol is not None:
-            raise ValueError(f"rtol is for kind='number'; a {kind} is right only when equal")
-        if kind == "count":
-            expected = _whole(expected, "a count's expected value")
-        else:
-            if not isinstance(expected, (tuple, list)):
-                raise TypeError(f"a shape's expected value must be a tuple of ints, got {expected!r}")
-            if not expected:
-                raise ValueError("a shape's expected value needs at least one dimension")
-            expected = tuple(_whole(n, f"dimension {i} of the shape", minimum=0)
-                             for i, n in enumerate(expected))
-    if unit is not None:
-        if not isinstance(unit, str):
-            raise TypeError(f"unit must be a str, one of {UNITS}, got {type(unit).__name__}")
-        if unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS} or None, got {unit!r}")
-        if kind == "shape":
-            raise ValueError("unit is for a number or a count, not a shape")
-    return SelfCheck(question, expected, kind, rtol, unit, _hints(hints, kind))
+        rtol = DEFAULT_RTOL if rtol is None else float(rtol)
+        assert kind == "number" and 0 <= rtol < 1 and math.isfinite(expected), (rtol, expected)
+        expected = float(expected)
+    return SelfCheck(question, expected, kind, rtol, unit, _hints(hints or {}, kind))
 
 
-def _hints(hints: object, kind: str) -> tuple[tuple[float, str], ...]:
-    if hints is None:
-        return ()
-    if not isinstance(hints, Mapping):
-        raise TypeError(f"hints must be a dict {{factor: hint}}, got {type(hints).__name__}")
-    if hints and kind == "shape":
-        raise ValueError("hints are for a number or a count, not a shape")
+def _hints(hints: Mapping[float, str], kind: str) -> tuple[tuple[float, str], ...]:
+    assert not hints or kind != "shape", "hints are for a number or a count"
     out = []
     for factor, hint in hints.items():
-        if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
-            raise TypeError(f"a hint's factor must be a number, got {factor!r}")
         factor = float(factor)
-        if not math.isfinite(factor) or factor <= 0 or factor == 1:
-            raise ValueError(f"a hint's factor must be a positive finite number other than 1, "
-                             f"got {factor!r}")
-        if (1 - CLOSE) * factor <= 1 + CLOSE and (1 + CLOSE) * factor >= 1 - CLOSE:
-            raise ValueError(f"a hint's factor must be further from 1 than the page's 'close' "
-                             f"(within {CLOSE:.0%}) reaches, got {factor!r}")
-        if not isinstance(hint, str):
-            raise TypeError(f"a hint must be a str, got {type(hint).__name__}")
-        hint = " ".join(hint.split())
-        if not hint:
-            raise ValueError(f"the hint for factor {factor!r} is empty")
-        out.append((factor, hint))
+        near_one = (1 - CLOSE) * factor <= 1 + CLOSE and (1 + CLOSE) * factor >= 1 - CLOSE
+        assert 0 < factor < math.inf and not near_one, f"the page's 'close' reaches {factor}"
+        out.append((factor, " ".join(hint.split())))
     return tuple(out)
 
 
-def _whole(n: object, what: str, minimum: int | None = None) -> int:
-    if not isinstance(n, numbers.Integral) or isinstance(n, bool):
-        raise TypeError(f"{what} must be an int, got {n!r}")
-    n = int(n)
-    if abs(n) > MAX_EXACT or (minimum is not None and n < minimum):
-        low = "0" if minimum is not None else f"-{MAX_EXACT:,}"
-        raise ValueError(f"{what} must be between {low} and {MAX_EXACT:,}, got {n:,}")
-    return n
+def _whole(n: float, minimum: int = -MAX_EXACT) -> int:
+    """``n``, a whole number the page's JavaScript holds exactly (``Number.MAX_SAFE_INTEGER``)."""
+    assert isinstance(n, numbers.Integral) and not isinstance(n, bool), n
+    assert minimum <= n <= MAX_EXACT, n
+    return int(n)
 
 
 def _data(check: SelfCheck) -> str:
