@@ -273,13 +273,20 @@ def test_a_nan_pad_row_spreads_to_its_sentence_only_on_the_fast_path():
 
 
 def test_what_reaches_sdpa_is_a_mask_only_where_one_is_needed():
-    # fails on the library before its fix: GQA and MQA stacked their heads into a (g*L, S) mask
+    # fails on the library before the fix that keeps is_causal with enable_gqa (74f673c): GQA
+    # and MQA stacked a group's queries as rows and turned is_causal into a (g*L, S) mask
     received = pitfalls.what_reaches_sdpa()
     assert list(received.columns) == list(pitfalls.LAYOUTS)
-    assert (received.loc["causal prompt"] == "is_causal=True, no mask").all()
-    assert (received.loc["one token after a KV cache"] == "no mask").all()
-    assert (received.loc["causal prompt, padded"] == "mask (2, 1, 8, 8) bool").all()
-    assert (received.loc["a chunk after a KV cache"] == "mask (3, 11) bool").all()
+    grouped = received[["GQA", "MQA"]]
+    for case in ("causal prompt", "a prompt into an empty KV cache"):
+        assert received.loc[case, "MHA"] == "is_causal=True, no mask"
+        assert (grouped.loc[case] == "is_causal=True, no mask; enable_gqa").all()
+    assert received.loc["one token after a KV cache", "MHA"] == "no mask"
+    assert received.loc["one token after a KV cache", "GQA"] == "no mask; 2 queries stacked per key head"
+    assert received.loc["one token after a KV cache", "MQA"] == "no mask; 4 queries stacked per key head"
+    assert received.loc["causal prompt, padded"].str.startswith("mask (2, 1, 8, 8) bool").all()
+    assert received.loc["a chunk after a KV cache"].str.startswith("mask (3, 11) bool").all()
+    assert (received.loc["causal prompt, need_weights=True"] == "not called").all()
 
 
 def test_sdpa_calls_records_and_restores():

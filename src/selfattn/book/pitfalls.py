@@ -389,43 +389,61 @@ LAYOUTS = {"MHA": 4, "GQA": 2, "MQA": 1}
 """Key/value heads of :func:`what_reaches_sdpa`'s layers, of four query heads each."""
 
 
-def _sdpa_call_text(call: Mapping[str, Any]) -> str:
-    if call["mask"] is None:
-        return "is_causal=True, no mask" if call["is_causal"] else "no mask"
-    shape, dtype = call["mask"]
-    return f"mask {shape} {str(dtype).removeprefix('torch.')}"
+def _sdpa_call_text(calls: list[dict[str, Any]], n_heads: int) -> str:
+    """One entry of :func:`what_reaches_sdpa`: the last call's mask (or ``is_causal``), with how
+    the grouped heads reached the kernel: ``enable_gqa``, or a group's query heads stacked as
+    rows over one key/value head (fewer heads than ``n_heads`` in the queries' shape)."""
+    if not calls:
+        return "not called"
+    call = calls[-1]
+    if call["mask"] is not None:
+        shape, dtype = call["mask"]
+        text = f"mask {shape} {str(dtype).removeprefix('torch.')}"
+    else:
+        text = "is_causal=True, no mask" if call["is_causal"] else "no mask"
+    if call["enable_gqa"]:
+        text += "; enable_gqa"
+    elif call["q"][1] < n_heads:  # (B, H_kv, g * L, hd): a group's queries as rows
+        text += f"; {n_heads // call['q'][1]} queries stacked per key head"
+    return text
 
 
 def what_reaches_sdpa(d_model: int = 32, prompt: int = 8, seed: int = 0) -> pd.DataFrame:
-    """Pitfall 17: what :class:`~selfattn.MultiHeadAttention` (no weights asked for, eval, no
-    grad) hands PyTorch's kernel in four calls (rows), for MHA, GQA and MQA (columns, of
-    :data:`LAYOUTS`): a causal prompt; the same with a padding mask; a chunk of several tokens
-    after a KV cache; one token after it. Each entry is the last call's mask, or
-    ``is_causal=True, no mask``, or ``no mask``."""
+    """Pitfall 17: what :class:`~selfattn.MultiHeadAttention` (eval, no grad) hands PyTorch's
+    kernel in six calls (rows), for MHA, GQA and MQA of four query heads (columns, of
+    :data:`LAYOUTS`): a causal prompt; the same with a padding mask; a prompt into an empty KV
+    cache; a chunk of several tokens after it; one token after it; a causal prompt with
+    ``need_weights=True``. Each entry is the last call's mask, or ``is_causal=True, no mask``,
+    or ``no mask`` (:func:`_sdpa_call_text`), or ``not called``."""
     import pandas as pd
 
+    n_heads = 4
     torch.manual_seed(seed)
     x = torch.randn(2, prompt, d_model)
     keep = padding_mask(torch.tensor([prompt, prompt - 3]), prompt)  # (B, S): sentence 1 padded
     table: dict[str, dict[str, str]] = {}
     for layout, n_kv in LAYOUTS.items():
-        layer = MultiHeadAttention(d_model, 4, n_kv_heads=n_kv).eval()
+        layer = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv).eval()
 
-        def call(tokens: int, cached: bool, mask: Tensor | None = None,
+        def call(tokens: int, cached: bool, mask: Tensor | None = None, weights: bool = False,
                  layer: MultiHeadAttention = layer) -> Callable[[], object]:
             cache = KVCache() if cached else None
-            if cache is not None:
+            if cache is not None and tokens < prompt:
                 layer(x, is_causal=True, kv_cache=cache)  # the prompt, before the call recorded
-            return lambda: layer(x[:, :tokens], attn_mask=mask, is_causal=True, kv_cache=cache)
+            return lambda: layer(x[:, :tokens], attn_mask=mask, is_causal=True, kv_cache=cache,
+                                 need_weights=weights)
 
         with torch.no_grad():
             calls = {
                 "causal prompt": call(prompt, cached=False),
                 "causal prompt, padded": call(prompt, cached=False, mask=keep[:, None, None, :]),
+                "a prompt into an empty KV cache": call(prompt, cached=True),
                 "a chunk after a KV cache": call(3, cached=True),
                 "one token after a KV cache": call(1, cached=True),
+                "causal prompt, need_weights=True": call(prompt, cached=False, weights=True),
             }
-            table[layout] = {case: _sdpa_call_text(sdpa_calls(fn)[-1]) for case, fn in calls.items()}
+            table[layout] = {case: _sdpa_call_text(sdpa_calls(fn), n_heads)
+                             for case, fn in calls.items()}
     return pd.DataFrame(table)
 
 
@@ -487,8 +505,8 @@ def gpu_sentence(report: Mapping[str, Any] | None, chapter: str = "08_pitfalls")
     the GPU and what the cell printed there."""
     if report is None:
         return ("No make gpu report is committed (selfattn.book.performance.gpu_report() is None):\n"
-                "what this section says of CUDA GPUs is a prediction, from PyTorch's documentation\n"
-                "of scaled_dot_product_attention and sdpa_kernel, not a measurement.")
+                "what this section says of CUDA GPUs is a prediction, read from PyTorch's source\n"
+                "(SDPA's kernel checks: sdp_utils_cpp.h, cuda/sdp_utils.cpp), not a measurement.")
     printed = [cell["output"].rstrip() for cell in report["cells"] if cell["chapter"] == chapter]
     head = f"make gpu ran this chapter on {report['device']['name']} ({report['date']})"
     return f"{head}; the GPU cell printed:\n" + "\n".join(printed) if printed else f"{head}, no GPU cell."
