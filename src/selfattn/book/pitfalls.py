@@ -149,17 +149,21 @@ class EinopsSelfAttention(nn.Module):
     def forward(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None = None,
                 *, need_weights: Literal[True]) -> tuple[Tensor, Tensor]: ...
 
-    def forward(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None = None,
-                *, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """mask: bool (B, S), True = may attend (fix 5: one stated convention)."""
+    def forward(
+        self, values: Tensor, keys: Tensor, query: Tensor,
+        mask: Tensor | None = None, *, need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """mask: bool (B, S), True = may attend (fix 5: one convention)."""
+        h = self.heads
         # fix 2: a batch axis b in every pattern
-        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=self.heads)
-        k = rearrange(self.k_proj(keys), "b n (h d) -> b h n d", h=self.heads)
-        v = rearrange(self.v_proj(values), "b n (h d) -> b h n d", h=self.heads)
+        q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)
+        k = rearrange(self.k_proj(keys), "b n (h d) -> b h n d", h=h)
+        v = rearrange(self.v_proj(values), "b n (h d) -> b h n d", h=h)
         # fix 4: divide by sqrt(head_dim)
         energy = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5
-        allowed = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
-        # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the last axis
+        # (B, 1, 1, S): one mask per sentence, over the keys
+        allowed = None if mask is None else mask[:, None, None, :]
+        # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the keys
         attention = masked_softmax(energy, allowed).to(v.dtype)  # (B, H, L, S)
         out = torch.einsum("bhqk,bhkd->bhqd", attention, v)
         # fix 8: merge heads with the head axis next to the features
@@ -504,9 +508,10 @@ def gpu_sentence(report: Mapping[str, Any] | None, chapter: str = "08_pitfalls")
     committed (``report`` is :func:`selfattn.book.performance.gpu_report`'s answer, ``None``), else
     the GPU and what the cell printed there."""
     if report is None:
-        return ("No make gpu report is committed (selfattn.book.performance.gpu_report() is None):\n"
-                "what this section says of CUDA GPUs is a prediction, read from PyTorch's source\n"
-                "(SDPA's kernel checks: sdp_utils_cpp.h, cuda/sdp_utils.cpp), not a measurement.")
+        return ("No make gpu report is committed (performance.gpu_report() is None):\n"
+                "what this section says of CUDA GPUs is a prediction, read from\n"
+                "PyTorch's source (SDPA's kernel checks: sdp_utils_cpp.h and\n"
+                "cuda/sdp_utils.cpp), not a measurement.")
     printed = [cell["output"].rstrip() for cell in report["cells"] if cell["chapter"] == chapter]
     head = f"make gpu ran this chapter on {report['device']['name']} ({report['date']})"
     return f"{head}; the GPU cell printed:\n" + "\n".join(printed) if printed else f"{head}, no GPU cell."
@@ -556,7 +561,7 @@ def padded_position_gaps(d: int = 8, n_pad: int = 2, seed: int = 0) -> pd.DataFr
                 continue  # a rule of decoding with RoPE
             gap = (_attend_positions(padded, positions, keep, rope)[n_pad:] - alone).abs().amax(-1)
             rows.append({"encoding": "RoPE" if rope else "absolute", "rule": rule,
-                         "positions": str(positions.tolist()),
+                         "positions": " ".join(map(str, positions.tolist())),
                          **{f"token {i}" if i < 3 else "new token": float(g)
                             for i, g in enumerate(gap)}})
     return pd.DataFrame(rows)
