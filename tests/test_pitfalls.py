@@ -181,3 +181,146 @@ def test_left_padded_generation_gives_each_sentence_its_own_outputs():
         return r @ r.T
     torch.testing.assert_close(scores(torch.arange(4)), scores(torch.arange(4) + n_pad))
     assert not torch.allclose(scores(torch.arange(4)), scores(torch.tensor([0, 1, 2, 3 + n_pad])))
+
+
+# --- selfattn.book.pitfalls: the chapter's quotations and experiments --------------------------
+
+from selfattn.book import pitfalls  # noqa: E402
+
+
+def test_the_articles_class_as_printed_fails_at_the_swallowed_line_and_runs_once_fixed():
+    with pytest.raises(IndentationError) as err:
+        compile(pitfalls.ARTICLE, "article.py", "exec")
+    assert "masked_fill" in err.value.text
+    assert pitfalls.SWALLOWED in pitfalls.lines_around(pitfalls.ARTICLE, "# 缩放得分", 0, 4)
+    fixed = pitfalls.ARTICLE.replace(pitfalls.SWALLOWED,
+                                     "# 应用 mask（如处理 padding）\n        if mask is not None:")
+    namespace: dict = {}
+    exec(fixed, namespace)
+    assert namespace["SelfAttention"](16, 4)(*(torch.randn(6, 16),) * 3, None).shape == (6, 16)
+
+
+def test_the_articles_heatmap_as_printed_needs_an_attention_matrix(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    namespace: dict = {}
+    with pytest.raises(NameError, match="attention_matrix"):
+        exec(pitfalls.ARTICLE_HEATMAP, namespace)
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda: shown.append(plt.gcf()))
+    layer = pitfalls.EinopsSelfAttention(16, 4)
+    x = torch.randn(1, 6, 16)
+    _, weights = layer(x, x, x, need_weights=True)
+    namespace["plot_attention"](weights[0], namespace["sentence"])  # (n_heads, L, S), as it says
+    assert len(shown) == 1 and shown[0].axes[0].get_title() == "Attention Weights"
+    plt.close("all")
+
+
+def test_the_fixed_class_returns_the_layers_output_and_weights():
+    torch.manual_seed(0)
+    reference = selfattn.MultiHeadAttention(32, 4)
+    fixed = pitfalls.EinopsSelfAttention(32, 4)
+    fixed.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 7, 32)
+    keep = selfattn.padding_mask(torch.tensor([7, 5, 2]))
+    out, weights = fixed(x, x, x, mask=keep, need_weights=True)
+    want, want_weights = reference(x, attn_mask=keep[:, None, None, :], need_weights=True)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(weights, want_weights)
+    assert torch.equal(fixed(x, x, x, mask=keep), out)  # without need_weights: the output alone
+    with pytest.raises(ValueError, match="divisible"):
+        pitfalls.EinopsSelfAttention(30, 4)
+
+
+def test_the_fill_table_shows_each_fill_failing_on_a_fully_masked_row():
+    table = pitfalls.fill_table()
+    assert table.loc["-inf", "float32"] == "0.50 0.50 0.00 | NaN"
+    assert table.loc["-1e20", "float32"] == "0.50 0.50 0.00 | 0.33 0.33 0.33"  # uniform
+    assert table.loc["-1e6", "float16"] == "RuntimeError: overflow"
+    assert table.loc["finfo(dtype).min", "float16"].endswith("0.33 0.33 0.33")
+    assert table.loc["2 x finfo(dtype).min", "bfloat16"].endswith("NaN")
+    assert table.loc["finfo(float32).min, cast", "bfloat16"].endswith("NaN")
+
+
+def test_the_leak_check_tells_the_three_diagonals_apart():
+    assert not pitfalls.leaks(pitfalls.causal_from_triu(6, 1))
+    assert pitfalls.leaks(pitfalls.causal_from_triu(6, 2))
+    assert not pitfalls.leaks(pitfalls.causal_from_triu(6, 0))  # too strict: no leak, a NaN row
+    torch.testing.assert_close(pitfalls.causal_from_triu(5), selfattn.to_additive(selfattn.causal_mask(5)))
+
+
+def test_the_articles_scale_flattens_attention_from_two_heads_on():
+    entropy = pitfalls.scale_entropy(d_model=64, length=16, heads=(1, 2, 4), n_rows=64)
+    right, article = entropy["sqrt(head_dim)"], entropy["sqrt(embed_size)"]
+    assert right[0] == article[0] and all(a > r for r, a in zip(right[1:], article[1:], strict=True))
+
+
+def test_the_masked_query_is_finite_exactly_where_sdpa_ran():
+    paths = pitfalls.masked_query_paths(heads=(2, 3))
+    assert len(paths) == 12 and paths["others finite"].all()
+    sdpa = paths["path"] == "slow path, SDPA"
+    assert (paths.loc[sdpa, "masked query"] == "zeros").all()
+    assert (sdpa == ~paths["need_weights"] & (paths["path"] != "fast path")).all()
+    fast = paths["path"] == "fast path"
+    assert (paths.loc[fast, "heads"] == 2).all() and (paths.loc[fast, "mode"] == "eval, no_grad()").all()
+
+
+def test_a_nan_pad_row_spreads_to_its_sentence_only_on_the_fast_path():
+    spread = pitfalls.encoder_nan_spread()
+    training, served = spread["training"], spread["eval, no_grad()"]
+    assert not training["fast path"] and not training["whole"].any()
+    assert served["fast path"] and not served["whole"][1].any()
+
+
+def test_what_reaches_sdpa_is_a_mask_only_where_one_is_needed():
+    # fails on the library before the fix that keeps is_causal with enable_gqa (74f673c): GQA
+    # and MQA stacked a group's queries as rows and turned is_causal into a (g*L, S) mask
+    received = pitfalls.what_reaches_sdpa()
+    assert list(received.columns) == list(pitfalls.LAYOUTS)
+    grouped = received[["GQA", "MQA"]]
+    for case in ("causal prompt", "a prompt into an empty KV cache"):
+        assert received.loc[case, "MHA"] == "is_causal=True, no mask"
+        assert (grouped.loc[case] == "is_causal=True, no mask; enable_gqa").all()
+    assert received.loc["one token after a KV cache", "MHA"] == "no mask"
+    assert received.loc["one token after a KV cache", "GQA"] == "no mask; 2 queries stacked per key head"
+    assert received.loc["one token after a KV cache", "MQA"] == "no mask; 4 queries stacked per key head"
+    assert received.loc["causal prompt, padded"].str.startswith("mask (2, 1, 8, 8) bool").all()
+    assert received.loc["a chunk after a KV cache"].str.startswith("mask (3, 11) bool").all()
+    assert (received.loc["causal prompt, need_weights=True"] == "not called").all()
+
+
+def test_sdpa_calls_records_and_restores():
+    real = torch.nn.functional.scaled_dot_product_attention
+    q = torch.randn(1, 2, 4, 8)
+    calls = pitfalls.sdpa_calls(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, q, q, attn_mask=selfattn.causal_mask(4)))
+    assert calls == [{"q": (1, 2, 4, 8), "mask": ((4, 4), torch.bool), "is_causal": False,
+                      "enable_gqa": False}]
+    assert torch.nn.functional.scaled_dot_product_attention is real
+
+
+def test_the_gpu_cells_code_runs_on_a_cpu():
+    # chapter 8's GPU cell calls flash_with_mask on CUDA only; the book's build has no GPU, so its
+    # code runs here, at a toy size, so that it cannot rot (on a CPU both calls run on Flash)
+    lines = pitfalls.flash_with_mask("cpu", T=32, n_heads=2, head_dim=8)
+    assert any("attn_mask=causal_mask(T): SDPA ran" in line and "flash" in line for line in lines)
+    assert "Flash only, is_causal=True: runs" in lines
+
+
+def test_the_gpu_sentence_is_a_prediction_until_a_report_is_committed():
+    assert "prediction" in pitfalls.gpu_sentence(None)
+    report = {"device": {"name": "NVIDIA T4"}, "date": "today",
+              "cells": [{"chapter": "08_pitfalls", "output": "Flash only, is_causal=True: runs\n"},
+                        {"chapter": "09_performance", "output": "other"}]}
+    sentence = pitfalls.gpu_sentence(report)
+    assert "NVIDIA T4" in sentence and "runs" in sentence and "other" not in sentence
+    assert "no GPU cell" in pitfalls.gpu_sentence({**report, "cells": []})
+
+
+def test_left_padded_positions_are_wrong_only_under_two_rules():
+    gaps = pitfalls.padded_position_gaps().set_index(["encoding", "rule"])
+    tokens = ["token 0", "token 1", "token 2", "new token"]
+    mixed = ("RoPE", "two rules")
+    assert gaps.loc[("absolute", "from the first pad"), tokens].max() > 1e-4
+    assert gaps.loc[("RoPE", "from the first pad"), tokens].max() < 1e-5
+    assert gaps.loc[mixed, tokens[:3]].max() < 1e-6 and gaps.loc[mixed, "new token"] > 1e-4
