@@ -43,7 +43,8 @@ def cost(path: pathlib.Path) -> int:
 
 
 def harness_home(record: pathlib.Path) -> pathlib.Path:
-    """An IPYTHONDIR whose startup file is the harness."""
+    """An IPYTHONDIR whose startup file is the harness. Made once, before the workers start:
+    two workers replacing the same link at once raced (FileExistsError)."""
     home = record / "ipython"
     startup = home / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,7 @@ def execute(path: pathlib.Path, timeout: int, record: pathlib.Path | None
     if record is not None:  # this process runs one chapter at a time: its kernel inherits these
         report = record / f"{path.stem}.jsonl"
         report.unlink(missing_ok=True)
-        os.environ.update(IPYTHONDIR=str(harness_home(record)), SELFATTN_HARNESS_REPORT=str(report))
+        os.environ.update(IPYTHONDIR=str(record / "ipython"), SELFATTN_HARNESS_REPORT=str(report))
     nb = nbformat.read(path, as_version=4)
     result = single_nb_execution(nb, cwd=str(path.parent), timeout=timeout, allow_errors=False)
     return str(path), json.loads(nbformat.writes(nb)), result.time, result.exc_string
@@ -80,6 +81,7 @@ def main(argv: list[str]) -> int:
     if args.record is not None:
         args.record = args.record.resolve()
         args.record.mkdir(parents=True, exist_ok=True)
+        harness_home(args.record)
     config = yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]
     cache = get_cache(str(CACHE))
     todo = []
