@@ -65,13 +65,15 @@ $(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipy
 
 # The chapters run two at a time into the build's notebook cache (tools/execute_book.py), then
 # jupyter-book renders them from it; a chapter whose code did not change is not run again.
+# One thread each (OMP_NUM_THREADS=1): two chapters with a thread per core each would fight
+# for the cores, and a chapter's budget is measured on one thread.
 executed: $(STAMP) $(VENDOR) $(CJK_FONT) $(MINILM)
 	@hash=$$($(PY) tools/srchash.py); \
 	if [ "$$(cat _build/.src-hash 2>/dev/null)" != "$$hash" ]; then \
 		echo "src/ or the requirements changed since the last build: rebuilding every chapter"; \
 		rm -rf _build; mkdir -p _build; echo "$$hash" > _build/.src-hash; \
 	fi; \
-	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2 $(if $(RECORD),--record $(RECORD))
+	OMP_NUM_THREADS=1 SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2 $(if $(RECORD),--record $(RECORD))
 
 book: executed
 	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going .
@@ -82,9 +84,9 @@ book: executed
 browser:
 	@$(PYTHON) tools/find_browser.py --install > /dev/null
 
-# Every test, its phases side by side (tools/test_all.sh says which and why): the unit tests
-# beside every chapter executed for the book, then the rendering beside the explorer chapters on
-# Colab's widgets, then the tests that read the built book.
+# Every test, its phases side by side (tools/test_all.sh says which and why): the fast tests
+# beside every chapter executed for the book, then the slow tests beside the rendering, then
+# the tests that read the built book.
 test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	MAKE="$(MAKE)" tools/test_all.sh
 

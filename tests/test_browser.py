@@ -131,6 +131,7 @@ def test_page_renders_offline_without_errors(browser, server, name):
 
     assert log["offhost"] == [], "requests left 127.0.0.1"
     assert log["errors"] == [], "JavaScript errors in the console"
+    open_folds(page)
     problems = (chinese_not_in_the_books_font(page) + raw_latex(page) + lines_too_wide(page)
                 + equations_that_do_not_fit(page, phone=False) + figures_too_small(page, name))
     assert problems == [], f"{name}: " + "; ".join(problems)
@@ -157,6 +158,22 @@ def test_page_renders_offline_without_errors(browser, server, name):
         f"{name}: an explorer in the notebook shows no picture on the page")
     assert check_diagrams(page, name) == in_notebook(name, "selfattn-diagram")
     page.close()
+
+
+def open_folds(page):
+    """Open every folded part of the page (hidden cells, <details>, dropdowns): a reader may unfold any of
+    them, so what the checks below measure includes the evidence the main path folds away."""
+    opened = page.evaluate("""() => {
+        const closed = [...document.querySelectorAll("main details:not([open])")];
+        closed.forEach(d => { d.open = true; });
+        // sphinx-togglebutton's dropdown admonitions hide their body with a class instead
+        const hidden = [...document.querySelectorAll("main .toggle-hidden")];
+        hidden.forEach(e => e.classList.remove("toggle-hidden"));
+        return closed.length + hidden.length;
+    }""")
+    if opened:
+        page.wait_for_timeout(200)
+    return opened
 
 
 CJK = r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]"
