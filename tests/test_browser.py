@@ -26,6 +26,7 @@ import functools
 import http.server
 import importlib.util
 import json
+import os
 import pathlib
 import threading
 
@@ -370,6 +371,9 @@ def test_most_chapters_have_an_explorer_some_with_a_slider_and_five_draw_diagram
 # ---- every page at both widths and in both themes: axe, width, alt text --------------------------
 
 PHONE = 390
+# Full-page screenshots at the phone width, in both themes, for a person to look at: on request
+# (SELFATTN_PHONE_SHOTS=1 make test), since 28 tall captures cost CI about half a minute.
+PHONE_SHOTS = os.environ.get("SELFATTN_PHONE_SHOTS") == "1"
 AXE_FAILS = ("critical", "serious")  # axe-core's impacts that fail the test ...
 AXE_RULES_THAT_FAIL = ("empty-table-header",)  # ... and a minor rule the book once broke
 AXE_COUNTS = ROOT / "_build" / "axe"  # a line per page, width and theme: violations by impact
@@ -468,7 +472,7 @@ def test_every_page_in_both_widths_and_themes_passes_axe_fits_and_names_its_imag
         problems += [f"axe {theme}: {rule} ({impact}, {n} nodes: {targets})"
                      for rule, impact, n, targets in found
                      if impact in AXE_FAILS or rule in AXE_RULES_THAT_FAIL]
-        if width == PHONE:  # (the first test above screenshots each page at 1280 px)
+        if width == PHONE and PHONE_SHOTS:  # (the first test screenshots each page at 1280 px)
             page.screenshot(path=str(SHOTS / "pages" / f"{name.replace('/', '_')}_{theme}.png"),
                             full_page=True)
     page.context.close()
