@@ -415,11 +415,11 @@ def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
     GPU machine is profiled on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .kit.measure import profiled_ops
+    from .kit.measure import profiled_ops, quiet_profiler
 
     if torch.device(device).type != "cuda":
         return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
