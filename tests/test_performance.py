@@ -30,3 +30,20 @@ def test_reference_kernels_names_the_fused_and_the_unfused_path():
     inference = runs["inference: eval, no_grad, causal"]
     assert "_native_multi_head_attention" in inference and "bmm x2" in inference
     assert "flash" not in inference
+
+
+def test_published_peaks_are_found_by_the_name_cuda_gives():
+    assert performance.published_peak_tflops("Tesla T4", "float16") == 65.0
+    assert performance.published_peak_tflops("NVIDIA A100-SXM4-40GB", "float32") == 19.5
+    assert performance.published_peak_tflops("NVIDIA H100 80GB HBM3", "float16") is None
+    assert performance.published_peak_tflops("NVIDIA H100 SXM5 80GB", "bfloat16") == 989.4
+    assert performance.published_peak_tflops("Tesla T4", "bfloat16") is None
+    assert performance.published_peak_tflops("NVIDIA GeForce RTX 4090", "float16") is None
+
+
+def test_with_published_peak_divides_the_rate_where_it_can():
+    rows = [{"dtype": "float16", "tflops": 13.0}, {"dtype": "float32", "error": "no backend"},
+            {"dtype": "bfloat16", "tflops": 1.0}]
+    got = performance.with_published_peak(rows, "Tesla T4")
+    assert got[0]["of_peak"] == 13.0 / 65.0 and got[1]["of_peak"] is None
+    assert got[2]["of_peak"] is None and "of_peak" not in rows[0]

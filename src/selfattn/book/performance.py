@@ -485,6 +485,38 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
     return rows
 
 
+PUBLISHED_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    # dense (no sparsity) peaks from NVIDIA's data sheets: half precision on the tensor cores,
+    # float32 on the ordinary cores (not TF32: the kernels here multiply float32 in full)
+    "T4": {"float16": 65.0, "float32": 8.1},
+    "A100": {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5},
+    "H100 SXM": {"float16": 989.4, "bfloat16": 989.4, "float32": 67.0},
+}
+"""A few GPUs' published peak TFLOP/s by dtype, to hold :func:`gpu_kernels`' rates against."""
+
+
+def published_peak_tflops(gpu_name: str, dtype: str) -> float | None:
+    """The published peak of the GPU ``torch.cuda.get_device_name`` calls ``gpu_name``, for
+    ``dtype`` (``"float16"``, ...), from :data:`PUBLISHED_PEAK_TFLOPS`; ``None`` for a GPU or a
+    dtype the table does not hold (an H100 counts as the SXM part only when its name says so)."""
+    for gpu, peaks in PUBLISHED_PEAK_TFLOPS.items():
+        if all(word in gpu_name for word in gpu.split()):
+            return peaks.get(dtype)
+    return None
+
+
+def with_published_peak(rows: list[dict], gpu_name: str) -> list[dict]:
+    """:func:`gpu_kernels`' rows, each with ``of_peak``: its useful TFLOP/s over the GPU's
+    published peak for its dtype (:func:`published_peak_tflops`), or ``None`` where the row
+    has no rate or the book has no peak for this GPU."""
+    out = []
+    for row in rows:
+        peak = published_peak_tflops(gpu_name, row["dtype"])
+        rate = row.get("tflops")
+        out.append(row | {"of_peak": rate / peak if rate is not None and peak else None})
+    return out
+
+
 def _gpu_variants(q: Tensor, backends: list, sdpa_kernel, triton_attention) -> dict:
     """:func:`gpu_kernels`' calls on ``q``: causal self-attention, each its own way."""
     def forced(backend) -> Tensor:
