@@ -229,6 +229,21 @@ def test_profiled_ops_sees_inside_multihead_attentions_inference_fast_path():
     assert not any("flash" in name for name in inner)
 
 
+def test_quiet_profiler_hides_torch_2_11s_first_use_warning_and_nothing_else():
+    """torch 2.11 warns on a profiler's first use; a notebook would show it under the cell."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with measure.quiet_profiler():
+            warnings.warn("Warning: Profiler clears events at the end of each cycle.",
+                          UserWarning, stacklevel=1)
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning"]
+    with pytest.raises(ValueError), measure.quiet_profiler():
+        raise ValueError("an exception still reaches the caller")
+
+
 def test_top_share_measures_how_concentrated_a_gradient_is():
     assert single_head.top_share(torch.ones(100)) == pytest.approx(0.05)  # spread evenly
     one_row = torch.zeros(100)

@@ -173,6 +173,63 @@ def attention_benchmark(batch: int = 8, T: int = 512, d_model: int = 512, n_head
     return rows
 
 
+def layer_tables(rows: list[dict]) -> tuple[dict[str, dict[str, float]],
+                                             dict[str, dict[str, float]]]:
+    """:func:`attention_benchmark`'s rows as two tables, each against one reference kernel.
+
+    Training (autograd on; columns forward and forward+backward): each time over its level's
+    reference, ``F.scaled_dot_product_attention`` for the core rows and
+    ``nn.MultiheadAttention(need_weights=False)`` for the layers, both SDPA's fused kernel in
+    both columns (:func:`reference_kernels`). Inference (eval mode, no autograd, causal): each
+    layer's time over :data:`FLOOR`'s, the four projections and SDPA's fused causal kernel;
+    ``nn.MultiheadAttention`` there takes its own unfused C++ path, so it is a row, not the
+    reference. Each table maps a row name to its columns (``gflops`` too, FLOPs / time)."""
+    training: dict[str, dict[str, float]] = {}
+    inference: dict[str, dict[str, float]] = {}
+    floor = next(r["ms"] for r in rows
+                 if r["variant"] == FLOOR and r["mode"] == "inference, causal")
+    for r in rows:
+        name = f"{r['level']}: {r['variant']}"
+        if r["mode"] == "inference, causal":
+            if r["level"] == "layer":
+                inference[name] = {"ms": r["ms"], "vs floor": r["ms"] / floor,
+                                   "gflops": r["gflops"]}
+        else:
+            training.setdefault(name, {})[r["mode"]] = r["vs_reference"]
+    return training, inference
+
+
+def reference_kernels(d_model: int = 256, n_heads: int = 4, T: int = 256,
+                      seed: int = 11) -> dict[str, str]:
+    """What ``nn.MultiheadAttention(need_weights=False)`` runs in each of
+    :func:`layer_tables`' settings, by the profiler (which sees inside the composite C++
+    operation that ``op_counts`` sees as one call): its attention, softmax and ``bmm``
+    operations, each with its count, by setting."""
+    from .kit.measure import profiled_ops
+
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.randn(2, T, d_model, generator=g, requires_grad=True)
+    blocked = torch.ones(T, T, dtype=torch.bool).triu(1)  # True = masked, its polarity
+
+    def training() -> None:
+        theirs(xs, xs, xs, need_weights=False)[0].sum().backward()
+
+    def inference() -> None:
+        with torch.no_grad():
+            theirs(xs, xs, xs, attn_mask=blocked, need_weights=False, is_causal=True)
+
+    runs = {}
+    for setting, call in [("training: forward+backward", training),
+                          ("inference: eval, no_grad, causal", inference)]:
+        theirs.train(setting.startswith("training"))
+        ops = profiled_ops(call)
+        runs[setting] = ", ".join(
+            name + (f" x{n}" if n > 1 else "") for name, n in ops.items()
+            if any(a in name for a in ("attention", "softmax", "bmm")))
+    return runs
+
+
 def matmul_gflops(n: int = 2048, repeats: int = 9) -> float:
     """GFLOP/s of one ``n x n`` float32 matmul on this machine: the practical ceiling."""
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -358,11 +415,11 @@ def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
     GPU machine is profiled on the CPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .kit.measure import profiled_ops
+    from .kit.measure import profiled_ops, quiet_profiler
 
     if torch.device(device).type != "cuda":
         return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -426,6 +483,38 @@ def gpu_kernels(device: torch.device | str, lengths: tuple[int, ...] = (1024, 20
                     row["error"] = str(exc).strip().splitlines()[0][:90]
                 rows.append(row)
     return rows
+
+
+PUBLISHED_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    # dense (no sparsity) peaks from NVIDIA's data sheets: half precision on the tensor cores,
+    # float32 on the ordinary cores (not TF32: the kernels here multiply float32 in full)
+    "T4": {"float16": 65.0, "float32": 8.1},
+    "A100": {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5},
+    "H100 SXM": {"float16": 989.4, "bfloat16": 989.4, "float32": 67.0},
+}
+"""A few GPUs' published peak TFLOP/s by dtype, to hold :func:`gpu_kernels`' rates against."""
+
+
+def published_peak_tflops(gpu_name: str, dtype: str) -> float | None:
+    """The published peak of the GPU ``torch.cuda.get_device_name`` calls ``gpu_name``, for
+    ``dtype`` (``"float16"``, ...), from :data:`PUBLISHED_PEAK_TFLOPS`; ``None`` for a GPU or a
+    dtype the table does not hold (an H100 counts as the SXM part only when its name says so)."""
+    for gpu, peaks in PUBLISHED_PEAK_TFLOPS.items():
+        if all(word in gpu_name for word in gpu.split()):
+            return peaks.get(dtype)
+    return None
+
+
+def with_published_peak(rows: list[dict], gpu_name: str) -> list[dict]:
+    """:func:`gpu_kernels`' rows, each with ``of_peak``: its useful TFLOP/s over the GPU's
+    published peak for its dtype (:func:`published_peak_tflops`), or ``None`` where the row
+    has no rate or the book has no peak for this GPU."""
+    out = []
+    for row in rows:
+        peak = published_peak_tflops(gpu_name, row["dtype"])
+        rate = row.get("tflops")
+        out.append(row | {"of_peak": rate / peak if rate is not None and peak else None})
+    return out
 
 
 def _gpu_variants(q: Tensor, backends: list, sdpa_kernel, triton_attention) -> dict:

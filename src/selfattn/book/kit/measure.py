@@ -13,15 +13,17 @@ $2LSd$), and backward twice that.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pathlib
 import re
 import statistics
 import time
+import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -272,6 +274,26 @@ def op_counts(fn: Callable[[], object]) -> Counter[str]:
     return mode.counts
 
 
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Silence what ``torch.profiler`` says while it starts and stops: its C++ side logs to
+    stderr (pointed at /dev/null meanwhile), and torch 2.11 warns on a profiler's first use
+    that it "clears events at the end of each cycle" (a ``UserWarning`` from
+    ``prepare_trace``, which a notebook shows under the cell). Python's own exceptions are not
+    written to stderr: they still reach the caller."""
+    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 2)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Profiler clears events",
+                                    category=UserWarning)
+            yield
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(quiet)
+
+
 def profiled_ops(fn: Callable[[], object]) -> Counter[str]:
     """Every ``aten`` operation ``torch.profiler`` records while ``fn()`` runs, by name, the ones
     inside a composite C++ operation included. :func:`op_counts` sees such an operation as one
@@ -279,18 +301,8 @@ def profiled_ops(fn: Callable[[], object]) -> Counter[str]:
     this shows what it runs inside (its matrix products and softmax)."""
     from torch.profiler import profile
 
-    # the profiler's C++ side logs a line to stderr when it starts and stops; a notebook would
-    # show both under the cell, so stderr is pointed at /dev/null meanwhile (Python's own
-    # exceptions are not written there: they still reach the caller)
-    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 2)
-    try:
-        with profile() as prof:
-            fn()
-    finally:
-        os.dup2(stderr, 2)
-        os.close(stderr)
-        os.close(quiet)
+    with quiet_profiler(), profile() as prof:
+        fn()
     return Counter(e.name.removeprefix("aten::") for e in prof.events()
                    if e.name.startswith("aten::"))
 
