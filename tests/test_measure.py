@@ -304,3 +304,25 @@ def test_fisher_exact_matches_known_tables():
     assert single_head.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
     assert single_head.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
     assert single_head.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
+
+
+def test_quiet_profiler_hides_the_first_use_warning_of_torch_2_11_and_only_it(monkeypatch):
+    import warnings
+
+    from torch.profiler import profile
+
+    enter = profile.__enter__
+
+    def noisy_enter(self):  # what torch 2.11 does on the first profile
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning,
+                      stacklevel=2)
+        warnings.warn("another warning", UserWarning, stacklevel=2)
+        return enter(self)
+
+    monkeypatch.setattr(profile, "__enter__", noisy_enter)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with measure.quiet_profiler() as prof:
+            torch.ones(3).sum()
+    assert [str(w.message) for w in seen] == ["another warning"]
+    assert any(e.name == "aten::sum" for e in prof.events())

@@ -19,9 +19,11 @@ import pathlib
 import re
 import statistics
 import time
+import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -272,20 +274,33 @@ def op_counts(fn: Callable[[], object]) -> Counter[str]:
     return mode.counts
 
 
+@contextmanager
+def quiet_profiler(**kwargs: object) -> Iterator[torch.profiler.profile]:
+    """``torch.profiler.profile(**kwargs)``, without the warning torch 2.11 prints on its first
+    use ("Profiler clears events at the end of each cycle ...", a bug torch 2.13 fixed). In a
+    notebook that warning reaches the page under the cell; the filter hides only it, and torch
+    remembers it as shown, so later profiles stay quiet too."""
+    from torch.profiler import profile
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events",
+                                category=UserWarning)
+        with profile(**kwargs) as prof:  # type: ignore[arg-type]
+            yield prof
+
+
 def profiled_ops(fn: Callable[[], object]) -> Counter[str]:
     """Every ``aten`` operation ``torch.profiler`` records while ``fn()`` runs, by name, the ones
     inside a composite C++ operation included. :func:`op_counts` sees such an operation as one
     call (``_native_multi_head_attention``, ``nn.MultiheadAttention``'s inference fast path);
     this shows what it runs inside (its matrix products and softmax)."""
-    from torch.profiler import profile
-
     # the profiler's C++ side logs a line to stderr when it starts and stops; a notebook would
     # show both under the cell, so stderr is pointed at /dev/null meanwhile (Python's own
     # exceptions are not written there: they still reach the caller)
     stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 2)
     try:
-        with profile() as prof:
+        with quiet_profiler() as prof:
             fn()
     finally:
         os.dup2(stderr, 2)
