@@ -229,21 +229,6 @@ def test_profiled_ops_sees_inside_multihead_attentions_inference_fast_path():
     assert not any("flash" in name for name in inner)
 
 
-def test_quiet_profiler_hides_torch_2_11s_first_use_warning_and_nothing_else():
-    """torch 2.11 warns on a profiler's first use; a notebook would show it under the cell."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        with measure.quiet_profiler():
-            warnings.warn("Warning: Profiler clears events at the end of each cycle.",
-                          UserWarning, stacklevel=1)
-            warnings.warn("another warning", UserWarning, stacklevel=1)
-    assert [str(w.message) for w in seen] == ["another warning"]
-    with pytest.raises(ValueError), measure.quiet_profiler():
-        raise ValueError("an exception still reaches the caller")
-
-
 def test_top_share_measures_how_concentrated_a_gradient_is():
     assert single_head.top_share(torch.ones(100)) == pytest.approx(0.05)  # spread evenly
     one_row = torch.zeros(100)
@@ -319,3 +304,27 @@ def test_fisher_exact_matches_known_tables():
     assert single_head.fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70)
     assert single_head.fisher_exact(5, 10, 5, 10) == pytest.approx(1.0)
     assert single_head.fisher_exact(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
+
+
+def test_quiet_profiler_hides_the_first_use_warning_of_torch_2_11_and_only_it(monkeypatch):
+    import warnings
+
+    from torch.profiler import profile
+
+    enter = profile.__enter__
+
+    def noisy_enter(self):  # what torch 2.11 does on the first profile
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning,
+                      stacklevel=2)
+        warnings.warn("another warning", UserWarning, stacklevel=2)
+        return enter(self)
+
+    monkeypatch.setattr(profile, "__enter__", noisy_enter)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with measure.quiet_profiler() as prof:
+            torch.ones(3).sum()
+    assert [str(w.message) for w in seen] == ["another warning"]
+    assert any(e.name == "aten::sum" for e in prof.events())
+    with pytest.raises(ValueError), measure.quiet_profiler():
+        raise ValueError("an exception still reaches the caller")

@@ -715,3 +715,183 @@ def bare_decode_step(layer: MultiHeadAttention, x: Tensor, cache: KVCache) -> Te
     k, v = cache.append(k.view(1, H_kv, 1, hd), v.view(1, H_kv, 1, hd))  # (1, H_kv, S, hd)
     out = fastpaths.decode_attention(q, k, v)  # (1, H_kv, g, hd): split_kv where it pays
     return F.linear(out.reshape(1, 1, H * hd), layer.out_proj.weight, layer.out_proj.bias)
+
+
+# chapter 6: what heads buy on the neighbour task
+
+#: the arms of chapter 6's experiment: name -> (heads, head width; None: 32 // heads)
+HEAD_ARMS: dict[Any, tuple[int, int | None]] = {
+    1: (1, None), 2: (2, None), 4: (4, None), "1x64": (1, 64), "4x4": (4, 4)}
+ARM_NAMES: dict[Any, str] = {1: "1 head", 2: "2 heads", 4: "4 heads",
+                             "1x64": "1 head of 64", "4x4": "4 heads of 4"}
+
+
+@dataclass
+class HeadsRun:
+    """Chapter 6's neighbour experiment, per arm (a key of :data:`HEAD_ARMS`) and per seed:
+    the trained taggers, their error rates on the test set, each head's mean weight on the
+    (left, right) neighbour, and the share of the errors that swap the two neighbours."""
+
+    seeds: list[int]
+    test: Sequences
+    taggers: dict[Any, list[Any]]
+    errors: dict[Any, list[float]]
+    leans: dict[Any, list[tuple[Tensor, Tensor]]]
+    swaps: dict[Any, list[float]]
+    params: dict[Any, int]
+
+    def near(self, arm: Any, threshold: float = 0.01) -> list[bool]:
+        """Per seed: under ``threshold`` of the tags wrong ("nearly perfect")."""
+        return [e < threshold for e in self.errors[arm]]
+
+    def under_half(self, arm: Any) -> list[bool]:
+        """Per seed: under half the errors of one head trained on the same batches."""
+        return [e < e1 / 2 for e, e1 in zip(self.errors[arm], self.errors[1], strict=True)]
+
+    def pooled(self, arm: Any, of: Any = 1) -> float:
+        """Every seed's errors of ``arm`` over those of ``of``, pooled."""
+        return sum(self.errors[arm]) / max(sum(self.errors[of]), 1e-9)
+
+    def splits(self, arm: Any, by: float = 2.0) -> list[bool]:
+        """Per seed: a left-looking and a different right-looking head, each putting at least
+        ``by`` times as much weight on its side as on the other."""
+        out = []
+        for left, right in self.leans[arm]:
+            i, j = int(left.argmax()), int(right.argmax())
+            out.append(i != j and bool(left[i] >= by * right[i])
+                       and bool(right[j] >= by * left[j]))
+        return out
+
+    def unequal(self, by: float = 1.5) -> list[bool]:
+        """Per seed: one head puts at least ``by`` times the weight on one neighbour."""
+        return [bool(max(lf[0], r[0]) >= by * min(lf[0], r[0])) for lf, r in self.leans[1]]
+
+
+def _evaluate_heads(tagger: Any, test: Sequences, device: torch.device
+                    ) -> tuple[float, tuple[Tensor, Tensor], float]:
+    V = math.isqrt(test.n_tags)  # a tag is left * V + right
+    with torch.no_grad():
+        logits, w = tagger(test.tokens.to(device), need_weights=True)  # (N, h, T, T)
+    pred, tags = logits.argmax(-1).cpu(), test.tags  # (N, T)
+    wrong = pred != tags
+    swap = wrong & (pred // V == tags % V) & (pred % V == tags // V)  # (right, left)
+    w = w.mean(0).cpu()  # (h, T, T): each head's weights, mean over the test set
+    left = w.diagonal(-1, dim1=-2, dim2=-1).mean(-1)  # (h,)
+    right = w.diagonal(1, dim1=-2, dim2=-1).mean(-1)  # (h,)
+    share = swap.sum().item() / max(wrong.sum().item(), 1)
+    return wrong.float().mean().item(), (left, right), share
+
+
+def _heads_tagger(vocab_size: int, n_tags: int, d: int, h: int, hd: int | None,
+                  device: torch.device) -> Any:
+    from .tagging import AttentionTagger
+
+    return AttentionTagger(vocab_size, n_tags, d=d, n_heads=h, head_dim=hd).to(device)
+
+
+def heads_experiment(task: Sequences, test: Sequences, seeds: Sequence[int],
+                     device: torch.device | str = "cpu", steps: int = 400,
+                     arms: Sequence[Any] = tuple(HEAD_ARMS), d: int = 32) -> HeadsRun:
+    """Chapter 6: train the attention tagger on ``task`` with each arm's heads (same
+    ``seeds``, side by side, :func:`~selfattn.book.kit.train.train_seeds`) and measure every
+    model on ``test`` (:class:`HeadsRun`)."""
+    from .kit import train
+
+    device = torch.device(device)
+    run = HeadsRun(list(seeds), test, {}, {}, {}, {}, {})
+    for arm in arms:
+        h, hd = HEAD_ARMS[arm]
+        make = partial(_heads_tagger, task.vocab_size, task.n_tags, d, h, hd, device)
+        run.taggers[arm], _ = train.train_seeds(
+            make, task, seeds=seeds, steps=steps, batch_size=32, lr=1e-2,
+            desc=f"{h} heads of {hd or d // h}")
+        measured = [_evaluate_heads(t, test, device) for t in run.taggers[arm]]
+        run.errors[arm] = [m[0] for m in measured]
+        run.leans[arm] = [m[1] for m in measured]
+        run.swaps[arm] = [m[2] for m in measured]
+        run.params[arm] = count_parameters(run.taggers[arm][0])
+    return run
+
+
+def lean_table(run: HeadsRun, arms: Sequence[Any] = (1, 2, 4)) -> str:
+    """Each seed's heads: mean weight on the left / right neighbour, one column per arm."""
+    lines = ["weight on the left / right neighbour, each head (mean over the test set):",
+             f"{'seed':>5s}  {'1 head':7s}  {'2 heads':16s}  4 heads"]
+    for s, seed in enumerate(run.seeds):
+        cols = ["  ".join(f"{lf:>3.0%}/{r:<3.0%}"
+                          for lf, r in zip(*run.leans[a][s], strict=True)) for a in arms]
+        lines.append(f"{seed:5d}  {cols[0]:7s}  {cols[1]:16s}  {cols[2]}".rstrip())
+    return "\n".join(lines)
+
+
+# chapter 7: does sharing keys and values cost accuracy?
+
+#: chapter 7's arms: name -> (key/value heads of four query heads, start as MQA's heads repeated)
+SHARING_ARMS: dict[str, tuple[int, bool]] = {
+    "MHA": (4, False), "MQA": (1, False), "MHA from MQA": (1, True)}
+
+
+@dataclass
+class SharingRun:
+    """Chapter 7's experiment, per arm (a key of :data:`SHARING_ARMS`) and per seed: the accuracy
+    on the ambiguous word at every snapshot of training (``steps``), the last one, and their
+    mean, the area under the learning curve; the trained taggers and their parameter counts."""
+
+    seeds: list[int]
+    steps: list[int]
+    curves: dict[str, list[list[float]]]
+    taggers: dict[str, list[Any]]
+    params: dict[str, int]
+
+    @property
+    def final(self) -> dict[str, list[float]]:
+        return {arm: [c[-1] for c in curves] for arm, curves in self.curves.items()}
+
+    @property
+    def area(self) -> dict[str, list[float]]:
+        return {arm: [sum(c) / len(c) for c in curves] for arm, curves in self.curves.items()}
+
+    def lower(self, arm: str, than: str) -> list[bool]:
+        """Per seed: ``arm``'s area is below ``than``'s, trained on the same seed."""
+        area = self.area
+        return [a < b for a, b in zip(area[arm], area[than], strict=True)]
+
+
+def _sharing_tagger(vocab_size: int, n_tags: int, n_kv: int, from_mqa: bool,
+                    device: torch.device | str = "cpu") -> Any:
+    from ..multihead import expand_kv_heads
+    from .tagging import AttentionTagger
+
+    tagger = AttentionTagger(vocab_size, n_tags, d=32, n_heads=4, n_kv_heads=n_kv)
+    if from_mqa:  # MHA's layer, starting as exactly MQA's function: its K/V heads repeated
+        assert isinstance(tagger.attn, MultiHeadAttention)
+        tagger.attn = expand_kv_heads(tagger.attn)
+    return tagger.to(device)
+
+
+def sharing_experiment(task: Any, test: Any, seeds: Sequence[int],
+                       device: torch.device | str = "cpu", steps: int = 200, every: int = 50,
+                       arms: Sequence[str] = tuple(SHARING_ARMS)) -> SharingRun:
+    """Chapter 7: the attention tagger with four query heads, trained on the distance-cue
+    ``task`` with each arm's key/value heads (same ``seeds``, side by side), its accuracy on
+    ``test``'s ambiguous word measured at every ``every`` steps (:class:`SharingRun`)."""
+    from .kit import train
+    from .tagging import ambiguous_correct
+
+    device = torch.device(device)
+    run = SharingRun(list(seeds), [], {}, {}, {})
+    for arm in arms:
+        n_kv, from_mqa = SHARING_ARMS[arm]
+        make = partial(_sharing_tagger, task.vocab_size, task.n_tags, n_kv, from_mqa, device)
+        run.taggers[arm], histories = train.train_seeds(
+            make, task, seeds=seeds, steps=steps, batch_size=32, desc=arm, snapshot_every=every)
+        run.curves[arm] = []
+        for tagger, history in zip(run.taggers[arm], histories, strict=True):
+            curve = []
+            for _, state in history.snapshots:  # the last one is the trained model
+                tagger.load_state_dict(state)
+                curve.append(ambiguous_correct(tagger, test).float().mean().item())
+            run.curves[arm].append(curve)
+        run.steps = [step for step, _ in histories[0].snapshots]
+        run.params[arm] = count_parameters(run.taggers[arm][0])
+    return run

@@ -413,13 +413,13 @@ def _kernels_that_ran(fn, device: torch.device | str) -> list[str]:
     CUDA device (from ``torch.profiler``), the attention operations PyTorch dispatched to for any
     other. The device of the call decides, not whether this machine has a GPU: a CPU call on a
     GPU machine is profiled on the CPU."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     from .kit.measure import profiled_ops, quiet_profiler
 
     if torch.device(device).type != "cuda":
         return [name for name in profiled_ops(fn) if "attention" in name or "softmax" in name]
-    with quiet_profiler(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with quiet_profiler(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -275,19 +275,22 @@ def op_counts(fn: Callable[[], object]) -> Counter[str]:
 
 
 @contextlib.contextmanager
-def quiet_profiler() -> Iterator[None]:
-    """Silence what ``torch.profiler`` says while it starts and stops: its C++ side logs to
-    stderr (pointed at /dev/null meanwhile), and torch 2.11 warns on a profiler's first use
-    that it "clears events at the end of each cycle" (a ``UserWarning`` from
-    ``prepare_trace``, which a notebook shows under the cell). Python's own exceptions are not
-    written to stderr: they still reach the caller."""
+def quiet_profiler(**kwargs: object) -> Iterator[torch.profiler.profile]:
+    """``torch.profiler.profile(**kwargs)``, silent while it starts and stops: its C++ side logs
+    to stderr (pointed at /dev/null meanwhile), and torch 2.11 warns on a profiler's first use
+    that it "clears events at the end of each cycle" (a ``UserWarning`` from ``prepare_trace``,
+    a bug torch 2.13 fixed), which a notebook shows under the cell. Only that warning is
+    filtered; Python's own exceptions are not written to stderr: they still reach the caller."""
+    from torch.profiler import profile
+
     stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 2)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*Profiler clears events",
                                     category=UserWarning)
-            yield
+            with profile(**kwargs) as prof:  # type: ignore[arg-type]
+                yield prof
     finally:
         os.dup2(stderr, 2)
         os.close(stderr)
@@ -299,9 +302,7 @@ def profiled_ops(fn: Callable[[], object]) -> Counter[str]:
     inside a composite C++ operation included. :func:`op_counts` sees such an operation as one
     call (``_native_multi_head_attention``, ``nn.MultiheadAttention``'s inference fast path);
     this shows what it runs inside (its matrix products and softmax)."""
-    from torch.profiler import profile
-
-    with quiet_profiler(), profile() as prof:
+    with quiet_profiler() as prof:
         fn()
     return Counter(e.name.removeprefix("aten::") for e in prof.events()
                    if e.name.startswith("aten::"))
