@@ -200,6 +200,15 @@ def test_the_articles_class_as_printed_fails_at_the_swallowed_line_and_runs_once
     assert namespace["SelfAttention"](16, 4)(*(torch.randn(6, 16),) * 3, None).shape == (6, 16)
 
 
+def test_the_article_wrapped_fits_the_page_and_loses_no_word():
+    wrapped = pitfalls.wrap_code(pitfalls.ARTICLE)
+    assert max(len(line) for line in wrapped.splitlines()) <= 79
+    assert wrapped.split() != pitfalls.ARTICLE.split()  # a line was broken
+    assert [w for w in wrapped.split() if w != "↩"] == pitfalls.ARTICLE.split()
+    short = "x = 1\n    y = 2"
+    assert pitfalls.wrap_code(short) == short
+
+
 def test_the_articles_heatmap_as_printed_needs_an_attention_matrix(monkeypatch):
     import matplotlib.pyplot as plt
 

@@ -11,6 +11,7 @@ the chapter prints, and the chapter asserts on it.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -119,6 +120,23 @@ def lines_around(text: str, marker: str, before: int = 1, after: int = 2) -> str
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if marker in line)
     return "\n".join(lines[max(at - before, 0) : at + after + 1])
+
+
+def wrap_code(text: str, width: int = 79, mark: str = " ↩") -> str:
+    """``text`` with every line longer than ``width`` broken at spaces to fit the page's code
+    block, ``mark`` ending each broken part, the rest indented 4 more than the line: a quotation
+    to read, not to run (run the text itself)."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        parts = textwrap.wrap(line, width - len(mark), subsequent_indent=indent,
+                              break_long_words=False, break_on_hyphens=False,
+                              drop_whitespace=True)
+        out += [part + mark for part in parts[:-1]] + parts[-1:]
+    return "\n".join(out)
 
 
 class EinopsSelfAttention(nn.Module):
