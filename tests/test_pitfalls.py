@@ -200,6 +200,15 @@ def test_the_articles_class_as_printed_fails_at_the_swallowed_line_and_runs_once
     assert namespace["SelfAttention"](16, 4)(*(torch.randn(6, 16),) * 3, None).shape == (6, 16)
 
 
+def test_the_article_wrapped_fits_the_page_and_loses_no_word():
+    wrapped = pitfalls.wrap_code(pitfalls.ARTICLE)
+    assert max(len(line) for line in wrapped.splitlines()) <= 79
+    assert wrapped.split() != pitfalls.ARTICLE.split()  # a line was broken
+    assert [w for w in wrapped.split() if w != "↩"] == pitfalls.ARTICLE.split()
+    short = "x = 1\n    y = 2"
+    assert pitfalls.wrap_code(short) == short
+
+
 def test_the_articles_heatmap_as_printed_needs_an_attention_matrix(monkeypatch):
     import matplotlib.pyplot as plt
 
@@ -324,3 +333,31 @@ def test_left_padded_positions_are_wrong_only_under_two_rules():
     assert gaps.loc[("absolute", "from the first pad"), tokens].max() > 1e-4
     assert gaps.loc[("RoPE", "from the first pad"), tokens].max() < 1e-5
     assert gaps.loc[mixed, tokens[:3]].max() < 1e-6 and gaps.loc[mixed, "new token"] > 1e-4
+
+
+def test_the_gpu_prediction_names_its_sources_and_fits_the_page():
+    lines = pitfalls.gpu_sentence(None).splitlines()
+    assert all(len(line) <= 79 for line in lines)
+    text = " ".join(lines)
+    for claim in ("prediction", "check_for_attn_mask", "A100", "L4", "T4", "cuDNN"):
+        assert claim in text
+
+
+def test_a_bool_causal_mask_costs_the_cpu_kernel_a_float_mask_of_its_own():
+    cost = pitfalls.mask_cost(length=128, head_dim=8, repeats=3)
+    causal, masked = cost["is_causal=True"], cost["bool attn_mask"]
+    assert causal["kernel"] == masked["kernel"]  # the same fused kernel ...
+    assert masked["peak bytes"] - causal["peak bytes"] >= cost["mask bytes"]  # ... a float mask more
+    assert cost["mask bytes"] == 4 * 128 * 128 and causal["seconds"] > 0
+
+
+def test_the_fixed_class_forms_its_scores_in_float32():
+    half = pitfalls.half_precision_scores()
+    assert half["largest float16 score"] == float("inf")
+    assert not half["finite, scores in float16"]
+    assert half["finite, scores in float32"] and half["relative gap"] < 1e-2
+    torch.manual_seed(0)
+    fixed = pitfalls.EinopsSelfAttention(embed_size=16, heads=2).half()
+    x = (300 * torch.randn(1, 4, 16)).half()
+    out = fixed(x, x, x)
+    assert out.dtype == torch.float16 and out.isfinite().all()

@@ -114,15 +114,16 @@ def attend(
 ) -> tuple[Tensor, Tensor]:
     """:func:`scaled_dot_product_attention` without checking its inputs."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    # The scale goes on q, L x E numbers (fewer than the L x S scores when there
-    # are more keys than the head is wide), and half-precision inputs are multiplied
-    # in float32: a float16 product of large entries can overflow.
+    # The scale goes on q, L x E numbers (fewer than the L x S scores
+    # when there are more keys than the head is wide), and half-precision
+    # inputs are multiplied in float32: a float16 product of large
+    # entries can overflow.
     dtype = torch.promote_types(query.dtype, torch.float32)
     q, k = query.to(dtype) * scale, key.to(dtype)
     scores = q @ k.transpose(-2, -1)  # (..., L, S)
+    # (..., L, Ev), (..., L, S)
     return _weights_and_output(scores, value, attn_mask=attn_mask,
-                               is_causal=is_causal,
-                               dropout_p=dropout_p)  # (..., L, Ev), (..., L, S)
+                               is_causal=is_causal, dropout_p=dropout_p)
 
 
 def scaled_dot_product_attention(

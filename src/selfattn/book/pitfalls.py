@@ -11,6 +11,7 @@ the chapter prints, and the chapter asserts on it.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -121,13 +122,32 @@ def lines_around(text: str, marker: str, before: int = 1, after: int = 2) -> str
     return "\n".join(lines[max(at - before, 0) : at + after + 1])
 
 
+def wrap_code(text: str, width: int = 79, mark: str = " ↩") -> str:
+    """``text`` with every line longer than ``width`` broken at spaces to fit the page's code
+    block, ``mark`` ending each broken part, the rest indented 4 more than the line: a quotation
+    to read, not to run (run the text itself)."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        parts = textwrap.wrap(line, width - len(mark), subsequent_indent=indent,
+                              break_long_words=False, break_on_hyphens=False,
+                              drop_whitespace=True)
+        out += [part + mark for part in parts[:-1]] + parts[-1:]
+    return "\n".join(out)
+
+
 class EinopsSelfAttention(nn.Module):
     """The second article's ``SelfAttention``, fixed: same arguments ``(values, keys, query,
     mask)``, same parameter names as :class:`~selfattn.MultiHeadAttention`.
 
     ``forward`` returns the output ``(B, L, embed_size)``, as the article's class does; with
     ``need_weights=True``, the pair ``(output, weights)`` in PyTorch's order, the weights
-    ``(B, heads, L, S)`` that the article's heatmap needs and its class never returned."""
+    ``(B, heads, L, S)`` that the article's heatmap needs and its class never returned. Its
+    scores are formed in float32 whatever the inputs' dtype, as :func:`selfattn.attention.attend`
+    forms them: in float16 they overflow on large inputs (:func:`half_precision_scores`)."""
 
     def __init__(self, embed_size: int, heads: int) -> None:
         super().__init__()
@@ -159,8 +179,10 @@ class EinopsSelfAttention(nn.Module):
         q = rearrange(self.q_proj(query), "b n (h d) -> b h n d", h=h)
         k = rearrange(self.k_proj(keys), "b n (h d) -> b h n d", h=h)
         v = rearrange(self.v_proj(values), "b n (h d) -> b h n d", h=h)
-        # fix 4: divide by sqrt(head_dim)
-        energy = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5
+        # fix 4: divide by sqrt(head_dim), on q; and scores in float32
+        # (float16 overflows past 65,504: inf, then NaN)
+        q = q.float() / self.head_dim**0.5
+        energy = torch.einsum("bhqd,bhkd->bhqk", q, k.float())
         # (B, 1, 1, S): one mask per sentence, over the keys
         allowed = None if mask is None else mask[:, None, None, :]
         # fix 6 and 7: -inf, fp32, dead rows to zero, softmax over the keys
@@ -169,6 +191,63 @@ class EinopsSelfAttention(nn.Module):
         # fix 8: merge heads with the head axis next to the features
         out = self.out_proj(rearrange(out, "b h n d -> b n (h d)"))
         return (out, attention) if need_weights else out
+
+
+def half_precision_scores(embed_size: int = 32, heads: int = 4, scale: float = 300.0,
+                          seed: int = 0) -> dict[str, Any]:
+    """The fixed class in float16 on inputs of ``scale`` times a unit normal, beside
+    :class:`~selfattn.MultiHeadAttention` with the same weights: the largest score formed in
+    float16 (``inf`` once it passes float16's largest number), whether the class's output is finite
+    with its scores in float32, whether it would be with float16 scores, and its largest gap
+    from the float32 layer's output relative to that output's size."""
+    torch.manual_seed(seed)
+    reference = MultiHeadAttention(d_model=embed_size, n_heads=heads)
+    fixed = EinopsSelfAttention(embed_size=embed_size, heads=heads)
+    fixed.load_state_dict(reference.state_dict())
+    x = scale * torch.randn(2, 5, embed_size)  # (B, T, d)
+    with torch.no_grad():
+        want, _ = reference(x)  # float32
+        half = fixed.half()
+        xh = x.half()
+        q = rearrange(half.q_proj(xh), "b n (h d) -> b h n d", h=heads)
+        k = rearrange(half.k_proj(xh), "b n (h d) -> b h n d", h=heads)
+        v = rearrange(half.v_proj(xh), "b n (h d) -> b h n d", h=heads)
+        scores16 = torch.einsum("bhqd,bhkd->bhqk", q, k) / half.head_dim**0.5
+        w16 = masked_softmax(scores16, None).to(v.dtype)
+        out16 = half.out_proj(rearrange(torch.einsum("bhqk,bhkd->bhqd", w16, v),
+                                        "b h n d -> b n (h d)"))
+        out = half(xh, xh, xh)
+    return {"scale": scale, "largest float16 score": float(scores16.float().abs().max()),
+            "finite, scores in float16": bool(out16.isfinite().all()),
+            "finite, scores in float32": bool(out.isfinite().all()),
+            "relative gap": float((out.float() - want).abs().max() / want.abs().max()),
+            "torch": torch.__version__}
+
+
+def mask_cost(length: int = 4096, head_dim: int = 64, repeats: int = 5) -> dict[str, Any]:
+    """What a causal mask costs SDPA on a CPU, on one ``(1, 1, length, head_dim)`` float32 input:
+    the call with ``is_causal=True`` and with the bool ``causal_mask(length)``. For each: the
+    attention kernel PyTorch ran, the peak bytes of tensor storage the call held
+    (:func:`~selfattn.book.kit.measure.peak_memory`, the input excluded) and the median seconds
+    per call (:func:`~selfattn.book.kit.measure.compare`, side by side). ``mask bytes``: one
+    float32 number per (query, key) pair, the additive mask the bool one becomes."""
+    from .kit.measure import compare, peak_memory
+
+    q = torch.randn(1, 1, length, head_dim)
+    calls: dict[str, dict[str, Any]] = {
+        "is_causal=True": {"is_causal": True},
+        "bool attn_mask": {"attn_mask": causal_mask(length)}}
+    fns: dict[str, Callable[[], object]] = {
+        name: partial(F.scaled_dot_product_attention, q, q, q, **kwargs)
+        for name, kwargs in calls.items()}
+    result: dict[str, Any] = {"length": length, "mask bytes": 4 * length * length}
+    with torch.no_grad():
+        times = compare(fns, repeats=repeats, warmup=1, min_sample_s=0.05)
+        for name, fn in fns.items():
+            ops = op_counts(fn)
+            result[name] = {"kernel": sorted(op for op in ops if "attention" in op),
+                            "peak bytes": peak_memory(fn), "seconds": times[name].median}
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,15 +582,29 @@ def flash_with_mask(device: torch.device | str, T: int = 1024, n_heads: int = 8,
     return lines
 
 
+GPU_PREDICTION = (
+    "No make gpu report is committed (performance.gpu_report() is None), so",
+    "what follows is a prediction, read from PyTorch's source, not a measurement:",
+    "- Flash refuses any attn_mask; it takes only is_causal=True",
+    "  (check_for_attn_mask, in sdp_utils_cpp.h).",
+    "- Flash wants float16 or bfloat16 on compute capability 8.0 or later",
+    "  (check_flash_attention_hardware_support, in cuda/sdp_utils.cpp): an A100",
+    "  or an L4 has it; a T4 (7.5, Colab's free GPU) has no Flash kernel at all.",
+    "- On Hopper (9.0, an H100), recent PyTorch tries cuDNN's kernel before",
+    "  Flash (check_prefer_cudnn_attention, in cuda/sdp_utils.cpp).",
+    "So on an A100 or an L4 a mask, even a causal one, should move SDPA from",
+    "Flash to a kernel that reads the mask from memory.",
+)
+"""What chapter 8 says of SDPA's kernels on CUDA GPUs while no GPU has run it: each claim with the
+function of PyTorch's source it is read from; lines of at most 79 characters."""
+
+
 def gpu_sentence(report: Mapping[str, Any] | None, chapter: str = "08_pitfalls") -> str:
     """What the chapter may say of its GPU cell: a prediction while no ``make gpu`` report is
     committed (``report`` is :func:`selfattn.book.performance.gpu_report`'s answer, ``None``), else
     the GPU and what the cell printed there."""
     if report is None:
-        return ("No make gpu report is committed (performance.gpu_report() is None):\n"
-                "what this section says of CUDA GPUs is a prediction, read from\n"
-                "PyTorch's source (SDPA's kernel checks: sdp_utils_cpp.h and\n"
-                "cuda/sdp_utils.cpp), not a measurement.")
+        return "\n".join(GPU_PREDICTION)
     printed = [cell["output"].rstrip() for cell in report["cells"] if cell["chapter"] == chapter]
     head = f"make gpu ran this chapter on {report['device']['name']} ({report['date']})"
     return f"{head}; the GPU cell printed:\n" + "\n".join(printed) if printed else f"{head}, no GPU cell."
