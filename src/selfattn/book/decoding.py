@@ -461,9 +461,10 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
       default :class:`~selfattn.cache.KVCache`), then each step runs only the newest token,
       whose query attends to the cached keys (``O(1)`` tokens and ``O(P + i)`` pairs a step).
 
-    In each of ``repeats`` rounds both decode in lockstep, one step of each in turn (which goes
-    first alternates), so a slow moment of a shared machine hits both; each step's time is the
-    median over the rounds. The model runs in eval mode without autograd. Chapter 11 uses
+    Each of ``repeats`` rounds decodes every step of one way, then every step of the other
+    (which goes first alternates from round to round); each step's time is the median over the
+    rounds, so a slow moment of a shared machine in one round does not decide it. The model
+    runs in eval mode without autograd. Chapter 11 uses
     ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
     (a few seconds on one thread).
     """
