@@ -5,6 +5,7 @@ the two checkers (GQA uptraining, the cache bug) accept the right answer and rej
 mistake with its hint, and leave the global random state alone."""
 
 import inspect
+import math
 import textwrap
 
 import pytest
@@ -181,6 +182,83 @@ def test_block_step_benchmark_rows():
         assert r["mb"] == read / 2**20 and r["bytes_vs_mha"] == mha / read
         assert r["ms"] > 0 and r["speedup_vs_mha"] > 0
     assert "bytes bound" in decoding.block_step_table(rows)
+    for r in rows:  # two FLOPs per weight, 4 * H * hd per cached key and the new one
+        weights = decode_bytes(16, 4, r["n_kv_heads"], r["context"], 4, 4, 64)["weights"] // 4
+        flops = r["batch"] * (2 * weights + 4 * 4 * 4 * (r["context"] + 1))
+        assert r["gflop_per_s"] == pytest.approx(flops / (r["ms"] / 1e3) / 1e9)
+    table = decoding.block_step_table(rows, l3=2**40)
+    assert table.count("<L3") == len(rows) and "<L3" not in decoding.block_step_table(rows, 1)
+    assert max(len(line) for line in table.splitlines()) <= 88
+
+
+# --- chapter 11's measurements of what a step costs -------------------------------------------
+
+def test_the_rolling_caches_step_allocates_a_token_not_their_window():
+    rows = decoding.window_step_costs(d_model=64, n_heads=4, kept=256, n_sink=4)
+    assert [r["cache"] for r in rows] == ["KVCache", "SlidingWindowCache(256)", "SinkCache(4, 252)"]
+    hd = 16
+    assert rows[1]["held"] == rows[2]["held"] == 2 * 4 * 256 * hd * 4
+    assert rows[0]["held"] == 2 * 4 * (256 + 64) * hd * 4  # every token: filled past the window
+    for r in rows:
+        assert r["step_peak"] < r["held"] / 16  # the new token's tensors, no copy of the window
+        assert set(r["copies"]) <= {"copy_"}  # the new token written into its slot, no gather
+
+
+def test_spearman():
+    assert decoding.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1)
+    assert decoding.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
+    assert decoding.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert decoding.spearman([1, 1, 2], [3, 3, 5]) == pytest.approx(1)  # ties share a rank
+    assert math.isnan(decoding.spearman([1, 1], [2, 3]))
+
+
+def test_latent_flops_deepseek_ratios():
+    shapes = dict(n_heads=128, head_dim=128, kv_rank=512, rope_dim=64)
+    for queries, keys, causal in [(1, 4096, False), (4096, 4096, True)]:
+        e = decoding.latent_flops(**shapes, queries=queries, keys=keys, absorb=False, causal=causal)
+        a = decoding.latent_flops(**shapes, queries=queries, keys=keys, absorb=True, causal=causal)
+        assert a["scores"] == 3 * e["scores"] and a["weighted sum"] == 4 * e["weighted sum"]
+        assert e["total"] == e["up-projections"] + e["scores"] + e["weighted sum"]
+    decode = [decoding.latent_flops(**shapes, queries=1, keys=4096, absorb=b) for b in (0, 1)]
+    prefill = [decoding.latent_flops(**shapes, queries=4096, keys=4096, absorb=b, causal=True)
+               for b in (0, 1)]
+    assert decode[1]["total"] < decode[0]["total"] / 10  # absorbed: right for decoding
+    assert prefill[1]["total"] > 2 * prefill[0]["total"]  # explicit: right for prefill
+    pairs = decoding.latent_flops(1, 1, 1, 0, queries=3, keys=3, absorb=False, causal=True)
+    assert pairs["scores"] == 2 * 6  # causal: 3 + 2 + 1 pairs
+
+
+def test_allocation_shares_count_slots_and_size_the_pool():
+    a = decoding.allocation_shares(7, n_requests=12, longest=512, longest_part=256,
+                                   block_sizes=(16, 4))
+    assert a == decoding.allocation_shares(7, n_requests=12, longest=512, longest_part=256,
+                                           block_sizes=(16, 4))
+    assert a.used == sum(p + q for p, q in a.requests) and len(a.requests) == 12
+    assert a.allocated["reserve 512 per request"] == 12 * 512
+    for b in (16, 4):
+        assert a.pool[b] == math.ceil(a.used / b) + 12
+        waste = a.allocated[f"paged, blocks of {b}"] - a.used
+        assert 0 <= waste < 12 * b
+    assert a.share("paged, blocks of 4") > a.share("doubling (KVCache)")
+
+
+def test_cached_step_profile_and_tokens_per_second(race):
+    model = TinyDecoder(V, D, H, LAYERS)
+    p = decoding.cached_step_profile(model, 10, repeats=3)
+    assert p["ops"] > 10 and p["ms"] > 0
+    assert p["flops"] == decoding._decoder_flops(model, 1, 11, 1)
+    assert p["gflop_per_s"] == pytest.approx(p["flops"] / (p["ms"] / 1e3) / 1e9)
+    assert p["us_per_op"] == pytest.approx(1e3 * p["ms"] / p["ops"])
+    _, result = race
+    rates = decoding.tokens_per_second(result)
+    n = len(result.context)
+    assert rates == {way: n / (t["ms"] / 1e3) for way, t in result.totals().items()}
+
+
+def test_cpu_cache_bytes_is_a_size_or_none():
+    for level in (2, 3):
+        size = decoding.cpu_cache_bytes(level)
+        assert size is None or size >= 2**10
 
 
 # --- the checkers -----------------------------------------------------------------------------

@@ -196,6 +196,21 @@ def test_the_experiment_returns_one_record_per_seed_and_arm(tiny_results):
     assert again.share_other == r.share_other
 
 
+def test_bos_value_zeroed_keeps_the_key_and_removes_the_value(tiny_results):
+    for r in tiny_results["BOS"] + tiny_results["control"]:
+        zeroed = decoding.bos_value_zeroed(r)
+        assert 0 <= zeroed <= 1
+        assert decoding.bos_value_zeroed(r) == zeroed  # the hook is gone afterwards
+        assert decoding.cache_accuracy(r.model, r.test, selfattn.causal_mask(12), 4)["all"] == \
+            r.full["all"]
+    r = tiny_results["BOS"][0]
+    calls = []
+    hook = r.model.attn.v_proj.register_forward_hook(lambda m, i, o: calls.append(o.clone()))
+    decoding.bos_value_zeroed(r)
+    hook.remove()
+    assert calls and calls[0].shape[1] == 12  # the value projection ran on the whole sequence
+
+
 def test_the_experiment_is_deterministic_and_seeds_matter(tiny_results):
     again = decoding.sink_experiment([3, 5], (0, 1), **TINY)
     for arm in tiny_results:

@@ -461,9 +461,10 @@ def cache_vs_recompute(model: TinyDecoder, prompt: Tensor, n_new: int, repeats: 
       default :class:`~selfattn.cache.KVCache`), then each step runs only the newest token,
       whose query attends to the cached keys (``O(1)`` tokens and ``O(P + i)`` pairs a step).
 
-    In each of ``repeats`` rounds both decode in lockstep, one step of each in turn (which goes
-    first alternates), so a slow moment of a shared machine hits both; each step's time is the
-    median over the rounds. The model runs in eval mode without autograd. Chapter 11 uses
+    Each of ``repeats`` rounds decodes every step of one way, then every step of the other
+    (which goes first alternates from round to round); each step's time is the median over the
+    rounds, so a slow moment of a shared machine in one round does not decide it. The model
+    runs in eval mode without autograd. Chapter 11 uses
     ``TinyDecoder(256, d_model=128, n_heads=4, n_layers=2)``, a prompt of 16 and ``n_new=200``
     (a few seconds on one thread).
     """
@@ -534,8 +535,10 @@ def block_step_benchmark(contexts: tuple[int, ...] = (1024, 8192), batches: tupl
     weights are read once. Variants are interleaved in a rotated order in each repeat; the first
     ``warmup`` repeats are dropped. Each row: ``context``, ``batch``, ``variant``, ``n_kv_heads``,
     ``ms`` (median per step), ``mb`` (bytes read, MiB), ``gb_per_s`` (bytes / time),
-    ``bytes_vs_mha`` (MHA's bytes over this variant's: the speed-up if the step were bound by
-    memory alone) and ``speedup_vs_mha`` (measured). The caches hold random keys and values
+    ``gflop_per_s`` (the step's FLOPs over its time: two per weight, and ``4 * n_heads * hd``
+    per cached key for the scores and the weighted sum, per sequence), ``bytes_vs_mha`` (MHA's
+    bytes over this variant's: the speed-up if the step were bound by memory alone) and
+    ``speedup_vs_mha`` (measured). The caches hold random keys and values
     (their numbers do not change the time).
     """
     ffn = 4 * d_model if ffn_hidden is None else ffn_hidden
@@ -571,23 +574,28 @@ def block_step_benchmark(contexts: tuple[int, ...] = (1024, 8192), batches: tupl
             ms = {kv: 1e3 * statistics.median(samples[kv]) for kv in kv_heads}
             base = kv_heads[0]
             for kv in kv_heads:
+                weights = decode_bytes(d_model, n_heads, kv, context, hd, 4, ffn)["weights"] // 4
+                flops = batch * (2 * weights + 4 * n_heads * hd * (context + 1))
                 rows.append({"context": context, "batch": batch, "variant": names[kv],
                              "n_kv_heads": kv, "ms": ms[kv], "mb": read[kv] / 2**20,
                              "gb_per_s": read[kv] / (ms[kv] / 1e3) / 1e9,
+                             "gflop_per_s": flops / (ms[kv] / 1e3) / 1e9,
                              "bytes_vs_mha": read[base] / read[kv],
                              "speedup_vs_mha": ms[base] / ms[kv]})
     return rows
 
 
-def block_step_table(rows: list[dict]) -> str:
+def block_step_table(rows: list[dict], l3: int | None = None) -> str:
     """:func:`block_step_benchmark`'s rows as text: per context and batch, each variant's ms per
-    step, the MiB it reads, the speed-up over the first variant (MHA) beside the bytes bound."""
-    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>8s} {'ms':>8s} {'MiB read':>9s} "
-             f"{'GB/s':>6s} {'speed-up':>9s} {'bytes bound':>12s}"]
+    step, the MiB it reads (``<L3`` where that fits in ``l3`` bytes, the CPU's last cache), its
+    GB/s and GFLOP/s, the speed-up over the first variant (MHA) beside the bytes bound."""
+    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>7s} {'ms':>7s} {'MiB read':>12s} "
+             f"{'GB/s':>5s} {'GFLOP/s':>7s} {'speed-up':>8s} {'bytes bound':>11s}"]
     for r in rows:
-        lines.append(f"{r['context']:7d} {r['batch']:5d} {r['variant']:>8s} {r['ms']:8.2f} "
-                     f"{r['mb']:9.1f} {r['gb_per_s']:6.1f} {r['speedup_vs_mha']:8.2f}x "
-                     f"{r['bytes_vs_mha']:11.2f}x")
+        fits = " <L3" if l3 is not None and r["mb"] * 2**20 <= l3 else "    "
+        lines.append(f"{r['context']:7d} {r['batch']:5d} {r['variant']:>7s} {r['ms']:7.2f} "
+                     f"{r['mb']:8.1f}{fits} {r['gb_per_s']:5.1f} {r['gflop_per_s']:7.1f} "
+                     f"{r['speedup_vs_mha']:7.2f}x {r['bytes_vs_mha']:10.2f}x")
     return "\n".join(lines)
 
 
@@ -1170,6 +1178,241 @@ def _draw_rolling(layout: RollingLayout) -> Figure:
         draw.text(ax, x + 0.28, 0.18, label, size=8)
         x += 0.28 + 0.068 * len(label) + 0.3
     return fig
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What :func:`allocation_shares` measured: the ``requests`` (prompt, answer lengths), the
+    tokens they hold (``used``), and per way of allocating its ``allocated`` token slots; per
+    paged block size, the ``pool`` it reserved up front, in blocks."""
+
+    requests: list[tuple[int, int]]
+    used: int
+    allocated: dict[str, int]
+    pool: dict[int, int]
+
+    def share(self, name: str) -> float:
+        """The share of ``name``'s allocated slots that hold a token."""
+        return self.used / self.allocated[name]
+
+
+def allocation_shares(data_seed: int, n_requests: int = 100, longest: int = 4096,
+                      shortest_part: int = 16, longest_part: int = 2048,
+                      block_sizes: tuple[int, ...] = (64, 16, 4)) -> Allocation:
+    r"""A seeded mix of ``n_requests`` requests, each a prompt and an answer whose lengths are drawn
+    log-uniformly from ``shortest_part`` to ``longest_part`` (the prompt appended at once, the
+    answer a token at a time), held three ways: a buffer of ``longest`` slots reserved per
+    request, a doubling :class:`~selfattn.cache.KVCache` per request, and
+    :class:`~selfattn.cache.PagedKVCache`\ s over one :class:`~selfattn.cache.BlockPool` per block
+    size. Memory is counted in token slots (one number per token: the shares do not depend on the
+    width of a token).
+
+    The pool is reserved up front, as a server reserves its memory at start: here
+    ``ceil(used / block_size) + n_requests`` blocks, enough for every request's tokens and one
+    partly filled last block each. ``allocated`` counts the blocks the requests' tables hold,
+    which is what a server can hand to other requests when these finish (Kwon et al. 2023, §4)."""
+    g = torch.Generator().manual_seed(data_seed)
+    low, high = math.log(shortest_part), math.log(longest_part)
+    prompts = torch.empty(n_requests).uniform_(low, high, generator=g).exp()
+    answers = torch.empty(n_requests).uniform_(low, high, generator=g).exp()
+    requests = list(zip(prompts.long().tolist(), answers.long().tolist(), strict=True))
+    one = torch.zeros(1, 1, 1, 1)  # one token of one number
+
+    def grown(cache: Cache, prompt: int, answer: int) -> Cache:
+        cache.append(torch.zeros(1, 1, prompt, 1), torch.zeros(1, 1, prompt, 1))
+        for _ in range(answer):
+            cache.append(one, one)
+        return cache
+
+    used = sum(p + a for p, a in requests)
+    per_slot = 2 * 4  # a key and a value of one float32 number
+    allocated = {f"reserve {longest:,} per request": n_requests * longest}
+    caches = [grown(KVCache(), p, a) for p, a in requests]
+    allocated["doubling (KVCache)"] = sum(c.allocated_bytes for c in caches) // per_slot
+    pools = {}
+    for block_size in block_sizes:
+        pools[block_size] = math.ceil(used / block_size) + n_requests
+        pool = BlockPool(pools[block_size], block_size, n_kv_heads=1, head_dim=1)
+        caches = [grown(PagedKVCache(pool), p, a) for p, a in requests]
+        allocated[f"paged, blocks of {block_size}"] = (
+            sum(c.allocated_bytes for c in caches) // per_slot)
+    return Allocation(requests, used, allocated, pools)
+
+
+def cpu_cache_bytes(level: int) -> int | None:
+    """The size of this CPU's level-``level`` cache (2: a core's L2, 3: the shared L3), in bytes,
+    as Linux describes it (``/sys/devices/system/cpu/cpu0/cache``); ``None`` elsewhere. A virtual
+    machine may report its host's whole L3, shared by every core."""
+    import pathlib
+
+    for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()  # e.g. "2048K"
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if size[-1:] in units and size[:-1].isdigit():
+            return int(size[:-1]) * units[size[-1]]
+    return None
+
+
+_COPIES = ("cat", "index", "index_put_", "gather", "clone", "contiguous", "copy_")
+
+
+def window_step_costs(d_model: int = 1024, n_heads: int = 16, kept: int = 4096, n_sink: int = 4,
+                      seed: int = 0) -> list[dict]:
+    """One decoding step of ``MultiHeadAttention(d_model, n_heads)`` (eval, no autograd) with each
+    cache holding ``kept`` tokens: a :class:`~selfattn.cache.KVCache`, a
+    :class:`~selfattn.cache.SlidingWindowCache` of ``kept`` and a :class:`~selfattn.cache.SinkCache`
+    of ``n_sink`` sinks beside a window of ``kept - n_sink``, each filled past its window so that
+    the rolling buffers have wrapped.
+
+    Each row: ``cache`` (its class), ``held`` (bytes the cache holds, :attr:`~Cache.nbytes`),
+    ``step_peak`` (the most bytes of new tensors alive at once during the step,
+    :func:`~selfattn.book.kit.measure.peak_memory`: the new token's projections, scores and output,
+    and any copy of the cache) and ``copies`` (the step's operations that copy a tensor, by name,
+    :func:`~selfattn.book.kit.measure.op_counts`). A rolling cache that gathered its window in
+    order at every step would allocate as much as it holds; one query's softmax does not depend
+    on the order of its keys, so the library's caches hand the buffers over as they are."""
+    from .kit.measure import op_counts, peak_memory
+
+    g = torch.Generator().manual_seed(seed)
+    layer = MultiHeadAttention(d_model, n_heads).eval()
+    hd = d_model // n_heads
+    filled = kept + kept // 4  # past the window: the rolling buffers have wrapped
+    makes: list[tuple[str, Callable[[], Cache]]] = [
+        ("KVCache", lambda: KVCache(capacity=filled + 8)),
+        (f"SlidingWindowCache({kept})", lambda: SlidingWindowCache(kept)),
+        (f"SinkCache({n_sink}, {kept - n_sink})", lambda: SinkCache(n_sink, kept - n_sink))]
+    rows = []
+    with torch.no_grad():
+        for name, make in makes:
+            cache = make()
+            kv = torch.randn(1, n_heads, filled, hd, generator=g)  # (1, H, filled, hd)
+            cache.append(kv, kv)
+            x = torch.randn(1, 1, d_model, generator=g)  # (1, 1, d_model): the new token
+            held = cache.nbytes
+
+            def step(x: Tensor = x, cache: Cache = cache) -> object:
+                return layer(x, x, x, is_causal=True, kv_cache=cache)
+
+            peak, ops = peak_memory(step), op_counts(step)
+            rows.append({"cache": name, "held": held, "step_peak": peak,
+                         "copies": {op: n for op, n in sorted(ops.items()) if op in _COPIES}})
+    return rows
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    r"""Spearman's rank correlation of two equally long sequences: Pearson's correlation of their
+    ranks (ties share the mean of their ranks). 1: ``y`` rises whenever ``x`` does; 0: no
+    monotone relation.
+
+    $$\rho = \frac{\operatorname{cov}(r_x, r_y)}{\sigma_{r_x} \sigma_{r_y}}$$"""
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx and sy else float("nan")
+
+
+@torch.no_grad()
+def bos_value_zeroed(record: SinkRecord) -> float:
+    """The accuracy of one :func:`sink_experiment` model under its sink + window cache with the
+    first token's *value* set to zero (a forward hook on the attention's value projection):
+    its key stays, so a head can still park its weight there, but what it adds is gone.
+
+    Set beside the record's ``window_only`` and ``sink_window`` accuracy, this splits what
+    evicting BOS costs in two: the weight that lands on the window's tokens instead (which this
+    keeps from happening) and the value BOS adds (which this removes)."""
+
+    def zero_first(module: nn.Module, inputs: object, out: Tensor) -> Tensor:
+        out = out.clone()
+        out[:, 0] = 0  # (B, T, d): position 0's value, every head
+        return out
+
+    model = record.model
+    T = cast(SinkData, record.test).tokens.shape[1]
+    hook = cast(AttentionTagger, model).attn.v_proj.register_forward_hook(zero_first)
+    try:
+        mask = causal_mask(T, window=record.window, n_sink=record.n_sink)
+        return cache_accuracy(model, record.test, mask, record.window)["all"]
+    finally:
+        hook.remove()
+
+
+def latent_flops(n_heads: int, head_dim: int, kv_rank: int, rope_dim: int, queries: int,
+                 keys: int, absorb: bool, causal: bool = False) -> dict[str, int]:
+    r"""FLOPs of one MLA layer's attention (two per multiply-add), for ``queries`` new tokens
+    against ``keys`` cached latents, by part (DeepSeek-AI 2024, §2.1): the projections into
+    and out of the latent space are left out where both forms share them.
+
+    Explicit: up-project every cached latent into each head's key and value
+    ($2 \cdot S \cdot d_c \cdot 2 n_h d_h$), score over $d_h + d^R_h$ numbers, weighted sum over
+    $d_h$. Absorbed: map each query into the latent space and each output back
+    ($2 \cdot L \cdot n_h d_h d_c$ each), score over $d_c + d^R_h$, weighted sum over $d_c$. For
+    one query the explicit form's up-projection of all $S$ latents dominates; for a prefill of
+    $L = S$ queries the absorbed form's wider scores and sums cost more.
+
+    ``causal``: the queries are the last ``queries`` of the keys, each scoring only those up to
+    it (a prefill when ``queries == keys``)."""
+    pairs = queries * keys - (queries * (queries - 1) // 2 if causal else 0)  # (query, key) pairs
+    if absorb:
+        parts = {"up-projections": 2 * 2 * queries * n_heads * head_dim * kv_rank,
+                 "scores": 2 * n_heads * pairs * (kv_rank + rope_dim),
+                 "weighted sum": 2 * n_heads * pairs * kv_rank}
+    else:
+        parts = {"up-projections": 2 * keys * kv_rank * 2 * n_heads * head_dim,
+                 "scores": 2 * n_heads * pairs * (head_dim + rope_dim),
+                 "weighted sum": 2 * n_heads * pairs * head_dim}
+    return {**parts, "total": sum(parts.values())}
+
+
+def cached_step_profile(model: TinyDecoder, context: int, repeats: int = 20, seed: int = 0
+                        ) -> dict[str, float]:
+    """One cached decoding step of ``model`` (one token of one sequence after ``context`` cached
+    ones): ``ops``, the ``aten`` operations it calls (:func:`~selfattn.book.kit.measure.op_counts`);
+    ``ms``, its median time; ``flops`` (as :func:`cache_vs_recompute` counts them) and
+    ``gflop_per_s``; ``us_per_op``, the time per operation. A small model's step is a long chain
+    of tiny operations, each paying PyTorch's fixed cost per call."""
+    from .kit.measure import median_time, op_counts
+
+    g = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        caches = model.new_caches(KVCache, capacity=context + repeats + 8)
+        model(torch.randint(0, model.vocab_size, (1, context), generator=g), caches)
+        token = torch.randint(0, model.vocab_size, (1, 1), generator=g)
+        ops = sum(op_counts(lambda: model(token, caches)).values())
+        seconds = median_time(lambda: model(token, caches), repeats=repeats, warmup=2)
+    model.train(was_training)
+    flops = _decoder_flops(model, 1, context + 1, 1)
+    return {"ops": ops, "ms": 1e3 * seconds, "flops": flops,
+            "gflop_per_s": flops / seconds / 1e9, "us_per_op": 1e6 * seconds / ops}
+
+
+def tokens_per_second(race: CacheRace) -> dict[str, float]:
+    """Each way's generated tokens per second over a :func:`cache_vs_recompute` run."""
+    n = len(race.context)
+    return {way: n / (t["ms"] / 1e3) for way, t in race.totals().items()}
 
 
 def model_cache_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
