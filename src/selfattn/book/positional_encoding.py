@@ -1,5 +1,6 @@
 r"""Chapter 5, positional encoding: the latest-cue task, what an order-blind model can reach,
-where the attention of each scheme goes, RoPE's rotation drawn, and the chapter's checkers."""
+where the attention of each scheme goes (and where ALiBi's bias alone sends it), RoPE's rotation
+drawn, and the chapter's checkers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Circle
 from torch import Tensor
 
-from ..positional import alibi_slopes, apply_rope, sinusoidal_encoding
+from ..attention import scaled_dot_product_attention
+from ..positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .kit import draw
 from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _equal, _first_match, _number, _tensor
 from .kit.draw import DPI, GREY, INK, MONO, OUT, Diagram, Q
@@ -115,6 +117,27 @@ def old_cue_ratio_by_offset(weights: Tensor, tokens: Tensor, n_cues: int, bin_wi
         in_bin = values[which == b]
         out.append(in_bin.median().item() if len(in_bin) else float("nan"))
     return torch.tensor(out)
+
+
+def beyond_share(weights: Tensor, beyond: int, first_query: int = 0) -> Tensor:
+    """The share of each head's weight on keys ``beyond`` or more positions back, averaged over
+    the queries ``first_query`` onwards (and over the batch, if any). ``weights`` ``(..., H, L,
+    L)``; returns ``(H,)``."""
+    L = weights.shape[-1]
+    i = torch.arange(L, device=weights.device)
+    far = (i[:, None] - i[None, :]) >= beyond  # (L, L): keys at least `beyond` back
+    share = (weights * far).sum(-1)[..., first_query:]  # (..., H, Q)
+    return share.reshape(-1, *share.shape[-2:]).mean((0, 2)).cpu()
+
+
+def alibi_prior(n_heads: int, length: int) -> Tensor:
+    r"""ALiBi's own prior: the causal weights of a layer whose scores are all equal, so that the
+    bias $-m_h (i - j)$ alone decides (Press et al. 2022, §3), ``(H, L, L)``. What a trained
+    ALiBi model's weights would be if it read no content."""
+    zeros = torch.zeros(n_heads, length, 1)
+    _, w = scaled_dot_product_attention(zeros, zeros, zeros, attn_mask=alibi_bias(n_heads, length),
+                                        is_causal=True)
+    return w
 
 
 def _cue_view(weights: Tensor, tokens: Tensor, n_cues: int, first_query: int

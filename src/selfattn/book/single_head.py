@@ -7,8 +7,8 @@ r"""Chapters 2 to 4, one head of attention: step by step, its scoring functions,
   Luong's general score;
 * chapter 4: why $1/\sqrt{d_k}$: the gradients that reach the scores at a width and a scale
   (:func:`attention_gradients`, :func:`top_share`, :func:`cue_gradients`,
-  :func:`query_gradient_ratio`), a paired test (:func:`fisher_exact`), and the checkers of its
-  exercises.
+  :func:`query_gradient_ratio`), an unpaired test (:func:`fisher_exact`), the paired one on the
+  seeds where only one arm learned (:func:`sign_test`), and the checkers of its exercises.
 """
 
 from __future__ import annotations
@@ -726,6 +726,17 @@ def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
     seen = p(k_a)
     lo, hi = max(0, total - n_b), min(total, n_a)
     return min(1.0, sum(p(x) for x in range(lo, hi + 1) if p(x) <= seen * (1 + 1e-9)))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided sign test on the discordant pairs of a paired design (Dixon and Mood 1946):
+    two arms run from the same seed, ``wins`` seeds where only the first arm succeeded and
+    ``losses`` where only the second did. Under the null hypothesis each discordant seed goes
+    either way with chance one half, so the p-value is twice the binomial tail of the smaller
+    count, capped at one. With no discordant seed it is one: nothing to tell the arms apart."""
+    n, k = wins + losses, min(wins, losses)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 def dot_variance(d: int, variance: float) -> float:
