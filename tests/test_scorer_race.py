@@ -56,7 +56,7 @@ def _arm(learned, attended, start_top=0.1, n_params=10):
                                cue_accuracy=[])
 
 
-def test_check_race_fails_where_its_sentences_would():
+def test_assert_race_fails_where_its_sentences_would():
     good = {
         "dot": _arm([True] * 5 + [False] * 5, [4] * 5 + [2] * 5, start_top=0.5),
         "scaled_dot": _arm([True] * 7 + [False] * 3, [3] * 7 + [1] * 3),
@@ -64,7 +64,7 @@ def test_check_race_fails_where_its_sentences_would():
         "flat_start": _arm([True] * 7 + [False] * 3, [3] * 7 + [2] * 3, start_top=0.05),
         "key_only": _arm([True] * 10, [4] * 10),
     }
-    single_head.check_race(good, n_cues=4)
+    single_head.assert_race(good, n_cues=4)
     bad = [
         {"additive": _arm([True] * 7 + [False] * 3, [4] * 7 + [2] * 3, start_top=0.06)},
         {"flat_start": _arm([True] * 10, [4] * 10, start_top=0.05)},  # closes the gap
@@ -75,4 +75,4 @@ def test_check_race_fails_where_its_sentences_would():
     ]
     for change in bad:
         with pytest.raises(AssertionError):
-            single_head.check_race({**good, **change}, n_cues=4)
+            single_head.assert_race({**good, **change}, n_cues=4)

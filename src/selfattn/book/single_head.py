@@ -275,7 +275,7 @@ def scorer_race(task: TaggingData, test: TaggingData, seeds: Sequence[int],
     return out
 
 
-def check_race(race: dict[str, RaceArm], n_cues: int) -> None:
+def assert_race(race: dict[str, RaceArm], n_cues: int) -> None:
     """The asserts behind chapter 3's race, each with a margin a fresh range of seeds passes:
     equal parameters; the additive head learns the tag from nearly every seed, more than either
     dot product; some dot-product runs get stuck; the unscaled head starts peaked; a run that
