@@ -3,8 +3,9 @@ r"""Chapters 2 to 4, one head of attention: step by step, its scoring functions,
 * chapter 2: the diagrams of one output and of the matrix form (:func:`one_output`,
   :func:`matrix_form`), and the checkers of its exercises (a scale, a causal mask, attention, a
   self-attention layer);
-* chapter 3: the additive scorer's sizes and the checkers of masked additive attention and
-  Luong's general score;
+* chapter 3: the race of scorers with its two controls (:func:`race_tagger`,
+  :func:`scorer_race`, :func:`assert_race`), the additive scorer's sizes, and the checkers of
+  masked additive attention and Luong's general score;
 * chapter 4: why $1/\sqrt{d_k}$: the gradients that reach the scores at a width and a scale
   (:func:`attention_gradients`, :func:`top_share`, :func:`cue_gradients`,
   :func:`query_gradient_ratio`), a paired test (:func:`fisher_exact`), and the checkers of its
