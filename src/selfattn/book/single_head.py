@@ -3,8 +3,9 @@ r"""Chapters 2 to 4, one head of attention: step by step, its scoring functions,
 * chapter 2: the diagrams of one output and of the matrix form (:func:`one_output`,
   :func:`matrix_form`), and the checkers of its exercises (a scale, a causal mask, attention, a
   self-attention layer);
-* chapter 3: the additive scorer's sizes and the checkers of masked additive attention and
-  Luong's general score;
+* chapter 3: the race of scorers with its two controls (:func:`race_tagger`,
+  :func:`scorer_race`, :func:`assert_race`), the additive scorer's sizes, and the checkers of
+  masked additive attention and Luong's general score;
 * chapter 4: why $1/\sqrt{d_k}$: the gradients that reach the scores at a width and a scale
   (:func:`attention_gradients`, :func:`top_share`, :func:`cue_gradients`,
   :func:`query_gradient_ratio`), an unpaired test (:func:`fisher_exact`), the paired one on the
@@ -33,7 +34,7 @@ from .kit.checkers import Mistakes, NotYet, _call, _checker, _close, _first_matc
 from .kit.draw import GREY, INK, OUT, Diagram, K, Q, V
 from .kit.measure import count_parameters
 from .kit.viz import PAGE_WIDTH
-from .tagging import AttentionTagger, TaggingData
+from .tagging import AttentionTagger, TaggingData, ambiguous_correct
 
 
 def one_output(tokens: Sequence[str] = ("the", "cat", "sat", "on", "the", "mat")) -> Diagram:
@@ -154,6 +155,147 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
                         f"and W^v give Q ({n}, {d_k}), K ({n}, {d_k}) and V ({n}, {d_v}); the scores "
                         f"S = QK^T / sqrt(d_k) are ({n}, {n}), softmax by rows gives A' ({n}, {n}), "
                         f"and B = A'V is ({n}, {d_v}).")
+
+
+# Chapter 3's race: the same one-head tagger with each scorer, and two controls.
+
+RACE_ARMS = ("dot", "scaled_dot", "additive")
+CONTROLS = ("flat_start", "key_only")
+
+
+class KeyOnlyScorer(AdditiveScorer):
+    r"""The additive scorer with the query left out: $s(q, k) = w^\top \tanh(W_k k)$, the same
+    parameters as :class:`~selfattn.scoring.AdditiveScorer` ($W_q$ kept, unused). Every query
+    gets the same row of scores: a score of the key alone, a *key detector*."""
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        s = self.w(torch.tanh(self.w_k(key))).squeeze(-1)  # (..., S)
+        return s.unsqueeze(-2).expand(*query.shape[:-1], key.shape[-2])  # (..., L, S)
+
+
+def race_tagger(arm: str, vocab_size: int, n_tags: int, d: int = 32) -> AttentionTagger:
+    """One arm of chapter 3's race: a one-head :class:`~selfattn.book.tagging.AttentionTagger`
+    scored by ``arm``: ``"dot"``, ``"scaled_dot"``, ``"additive"``, or a control:
+    ``"flat_start"`` (the scaled dot with $W^q$, $W^k$ and their biases halved at the start, so
+    its rows start flatter than the additive head's) or ``"key_only"`` (the additive head with
+    :class:`KeyOnlyScorer`). Every arm has the same parameters."""
+    scorer = {"flat_start": "scaled_dot", "key_only": "additive"}.get(arm, arm)
+    model = AttentionTagger(vocab_size, n_tags, d=d, scorer=scorer)
+    attn = model.attn
+    assert isinstance(attn, ScoredSelfAttention)
+    if arm == "flat_start":
+        with torch.no_grad():
+            for proj in (attn.q_proj, attn.k_proj):
+                proj.weight.mul_(0.5)
+                proj.bias.mul_(0.5)
+    elif arm == "key_only":
+        key_only = KeyOnlyScorer(d, d, attn.additive.w.in_features)
+        key_only.load_state_dict(attn.additive.state_dict())
+        attn.additive = key_only
+    return model
+
+
+@dataclass
+class RaceArm:
+    """One arm of the race, over its seeds: accuracy on the ambiguous word, whether each run
+    learned the tag, its parameters, the process time it took, the loss curves, the step-0 top
+    weight in the ambiguous word's row, and the number of cues each run attends to."""
+
+    taggers: list[AttentionTagger]
+    accuracy: list[float]
+    learned: list[bool]
+    n_params: int
+    seconds: float
+    losses: list[list[float]]
+    start_top: float
+    attended: list[int]
+    cue_weight: list[list[float]]  # per run, per cue: the weight from the word to its cue
+    cue_accuracy: list[list[float]]  # per run, per cue: accuracy on the word
+
+
+def _cue_rows(model: AttentionTagger, test: TaggingData, n: int) -> tuple[list[float], list[float]]:
+    """Per cue word, the mean weight from the ambiguous word to its cue, and the accuracy."""
+    device = next(model.parameters()).device
+    rows = torch.arange(n)
+    tokens = test.tokens[:n].to(device)
+    saw, cue = test.position[:n], test.cue_position[:n]  # (n,) each
+    sense = test.tags[rows, saw]  # (n,)
+    with torch.no_grad():
+        logits, w = model(tokens, need_weights=True)  # (n, T, tags), (n, 1, T, T)
+    on_cue = w[:, 0].cpu()[rows, saw, cue]  # (n,)
+    right = logits.cpu()[rows, saw].argmax(-1) == sense  # (n,)
+    word = test.tokens[rows, cue]  # (n,): the cue word, 1..n_cues
+    weight = [on_cue[word == c].mean().item() for c in range(1, test.n_cues + 1)]
+    acc = [right[word == c].float().mean().item() for c in range(1, test.n_cues + 1)]
+    return weight, acc
+
+
+def _race_model(arm: str, vocab_size: int, n_tags: int, d: int,
+                device: torch.device | str) -> nn.Module:
+    return race_tagger(arm, vocab_size, n_tags, d).to(device)
+
+
+def scorer_race(task: TaggingData, test: TaggingData, seeds: Sequence[int],
+                arms: Sequence[str] = RACE_ARMS + CONTROLS, learned: float = 0.95,
+                steps: int = 600, batch_size: int = 32, d: int = 32, n_cues_test: int = 500,
+                device: torch.device | str = "cpu") -> dict[str, RaceArm]:
+    """Chapter 3's race: each arm of :func:`race_tagger` trained from every seed side by side
+    (:func:`~selfattn.book.kit.train.train_seeds`), the same steps, batch and learning rate for
+    all. A run has *learned* the tag when its accuracy on the ambiguous word passes ``learned``.
+    A cue counts as attended when the word puts more than half its weight on it, on average
+    over the first ``n_cues_test`` test sentences that have that cue."""
+    import time
+
+    from .kit import train
+
+    out = {}
+    for arm in arms:
+        start = time.process_time()
+        models, histories = train.train_seeds(
+            partial(_race_model, arm, task.vocab_size, task.n_tags, d, device),
+            task, seeds=seeds, steps=steps, batch_size=batch_size, progress=False)
+        taggers = [m for m in models if isinstance(m, AttentionTagger)]
+        seconds = time.process_time() - start
+        accuracy = [ambiguous_correct(t, test).float().mean().item() for t in taggers]
+        tops = []
+        for seed in seeds:  # the same models before training, as train_seeds built them
+            torch.manual_seed(seed)
+            fresh = race_tagger(arm, task.vocab_size, task.n_tags, d).to(device)
+            with torch.no_grad():
+                _, w = fresh(test.tokens[:n_cues_test].to(device), need_weights=True)
+            rows = torch.arange(w.shape[0])
+            saw = w[:, 0].cpu()[rows, test.position[:n_cues_test]]  # (n, T)
+            tops.append(saw.max(-1).values.mean().item())
+        cues = [_cue_rows(t, test, n_cues_test) for t in taggers]
+        out[arm] = RaceArm(
+            taggers=taggers, accuracy=accuracy, learned=[a > learned for a in accuracy],
+            n_params=count_parameters(taggers[0]), seconds=seconds,
+            losses=[h.loss for h in histories], start_top=sum(tops) / len(tops),
+            attended=[sum(w > 0.5 for w in weight) for weight, _ in cues],
+            cue_weight=[weight for weight, _ in cues], cue_accuracy=[acc for _, acc in cues])
+    return out
+
+
+def assert_race(race: dict[str, RaceArm], n_cues: int) -> None:
+    """The asserts behind chapter 3's race, each with a margin a fresh range of seeds passes:
+    equal parameters; the additive head learns the tag from nearly every seed, more than either
+    dot product; some dot-product runs get stuck; the unscaled head starts peaked; a run that
+    learned attends to all cues or all but one, a run that missed ignores two or more; the flat
+    start does not close the gap; the key-only score learns as reliably as the additive one."""
+    count = {arm: sum(r.learned) for arm, r in race.items()}
+    assert len({r.n_params for r in race.values()}) == 1, {a: r.n_params for a, r in race.items()}
+    assert count["additive"] >= 8, count
+    assert count["additive"] > max(count["dot"], count["scaled_dot"]), count
+    assert count["dot"] + count["scaled_dot"] <= 18, count  # some dot runs get stuck
+    assert race["dot"].start_top > 2 * race["scaled_dot"].start_top  # unscaled: peaked
+    for arm, r in race.items():  # learning is cue by cue: the last cue comes free
+        for k, ok in zip(r.attended, r.learned, strict=True):
+            assert k >= n_cues - 1 if ok else k <= n_cues - 2, (arm, r.attended)
+    if "flat_start" in race:
+        assert race["flat_start"].start_top < race["additive"].start_top  # flatter ...
+        assert count["flat_start"] < count["additive"], count  # ... and still behind
+    if "key_only" in race:
+        assert count["key_only"] >= 8, count  # the query is not needed
 
 
 @_checker
