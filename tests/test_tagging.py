@@ -504,3 +504,16 @@ def test_recall_experiment_trains_every_arm_from_every_seed():
         assert all(len(v) == len(result.seeds) for v in runs.values())
     assert len(result.example) == len(result.answers)
     assert result.chance == 1 / 8
+
+
+def test_plot_recall_draws_every_arm_on_every_question_in_its_colour():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from selfattn.book.kit import draw
+
+    fig = tagging.plot_recall(_recall_result())
+    bars = fig.axes[0].patches
+    assert len(bars) == len(tagging.RECALL_ARMS) * 3
+    colours = {matplotlib.colors.to_hex(bar.get_facecolor()) for bar in bars}
+    assert colours == {draw.color(arm).lower() for arm in tagging.RECALL_ARMS}
