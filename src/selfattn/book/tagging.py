@@ -413,7 +413,7 @@ class RecallResult:
     example: list[str]  # one test sentence, as words
     answers: list[str]  # its tags, as words ("-" on no question)
     budget: dict[str, Any]  # steps, batch size, learning rate: the same for every arm
-    weights: Tensor | None = None  # (questions, T): the example's question rows, one head
+    weights: Tensor | None = None  # (H, questions, T): the example's question rows
     weights_seed: int | None = None  # the seed of the self-attention run they come from
 
     @property
@@ -451,7 +451,7 @@ class RecallResult:
     def table(self, question: str) -> str:
         """Every arm's accuracy on one kind of question, seed by seed."""
         rows = {arm: acc[question] for arm, acc in self.accuracy.items()}
-        return seed_rows(rows, self.seeds, f"accuracy on '{question}'")
+        return seed_rows(rows, self.seeds, f"accuracy on '{question}'", fmt="{:.0%}")
 
     def check(self) -> None:
         """The experiment's conclusions, with a margin a fresh seed range also passes."""
@@ -501,13 +501,9 @@ def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
     result = RecallResult(seeds, parameters, accuracy, 1 / test.n_values, words, answers,
                           {"steps": steps, "batch_size": batch_size, "lr": lr})
     best = max(range(len(seeds)), key=lambda i: accuracy["self-attention"]["named"][i])
-    with torch.no_grad():  # the example's question rows, in the head that finds the named key
+    with torch.no_grad():  # the example's question rows, in the best run's heads
         _, w = attention[best](test.tokens[:1].to(device), need_weights=True)  # (1, H, T, T)
-    rows = w[0, :, test.n_pairs:].cpu()  # (H, questions, T)
-    named = test.tokens[0, test.columns("named")] - test.n_keys * test.n_values  # keys asked
-    at = [int((test.tokens[0, :test.n_pairs] // test.n_values == k).nonzero()) for k in named]
-    on_key = rows[:, -len(at):][:, range(len(at)), at].sum(-1)  # (H,)
-    result.weights, result.weights_seed = rows[int(on_key.argmax())], seeds[best]
+    result.weights, result.weights_seed = w[0, :, test.n_pairs:].cpu(), seeds[best]
     return result
 
 
