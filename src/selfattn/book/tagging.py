@@ -410,11 +410,14 @@ class RecallResult:
     parameters: dict[str, int]  # arm -> parameter count
     accuracy: dict[str, dict[str, list[float]]]  # arm -> question -> one value per seed
     chance: float  # 1 / n_values: a guess among the values
-    example: list[str]  # one test sentence, as words
+    example: list[str]  # a test sentence the best self-attention run answers right, one
+    # of its heads looking hardest at the pair of every key a question names
     answers: list[str]  # its tags, as words ("-" on no question)
     budget: dict[str, Any]  # steps, batch size, learning rate: the same for every arm
     weights: Tensor | None = None  # (H, questions, T): the example's question rows
     weights_seed: int | None = None  # the seed of the self-attention run they come from
+    found: float | None = None  # share of test sentences where, for every named key, one of
+    # that run's heads gives the key's pair its question's largest weight
 
     @property
     def fixed(self) -> list[str]:
@@ -496,14 +499,23 @@ def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
         runs = [recall_accuracy(m, test) for m in models]
         accuracy[arm] = {q: [r[q] for r in runs] for q in test.QUESTIONS}
         attention = models if arm == "self-attention" else attention
-    words = test.words(0)
-    answers = ["-"] * test.n_pairs + [str(v) for v in test.tags[0, test.n_pairs:].tolist()]
+    best = max(range(len(seeds)), key=lambda i: accuracy["self-attention"]["named"][i])
+    with torch.no_grad():  # the example: the first test sentence the best run answers right
+        logits, w = attention[best](test.tokens.to(device), need_weights=True)  # (N, H, T, T)
+    right = (logits.argmax(-1).cpu() == test.tags)[:, test.n_pairs:].all(dim=1)  # (N,)
+    asked = test.columns("named")
+    keys = test.tokens[:, :test.n_pairs] // test.n_values  # (N, P)
+    named = test.tokens[:, asked] - test.n_keys * test.n_values  # (N, Q): the keys asked
+    at = (keys[:, None, :] == named[:, :, None]).long().argmax(-1)  # (N, Q): their pairs
+    top = w[:, :, asked].argmax(-1).cpu()  # (N, H, Q): where each head looks most
+    found = (top == at[:, None]).any(dim=1).all(dim=1)  # (N,): a head finds every pair
+    i = int((right & found).long().argmax())
+    words = test.words(i)
+    answers = ["-"] * test.n_pairs + [str(v) for v in test.tags[i, test.n_pairs:].tolist()]
     result = RecallResult(seeds, parameters, accuracy, 1 / test.n_values, words, answers,
                           {"steps": steps, "batch_size": batch_size, "lr": lr})
-    best = max(range(len(seeds)), key=lambda i: accuracy["self-attention"]["named"][i])
-    with torch.no_grad():  # the example's question rows, in the best run's heads
-        _, w = attention[best](test.tokens[:1].to(device), need_weights=True)  # (1, H, T, T)
-    result.weights, result.weights_seed = w[0, :, test.n_pairs:].cpu(), seeds[best]
+    result.weights, result.weights_seed = w[i, :, test.n_pairs:].cpu(), seeds[best]
+    result.found = found.float().mean().item()
     return result
 
 
