@@ -461,3 +461,59 @@ def test_recall_accuracy_counts_each_kind_of_question():
             return torch.nn.functional.one_hot(guess, task.n_tags).float()
 
     assert tagging.recall_accuracy(Oracle(), task) == {"last": 1.0, "key 0": 0.0, "named": 0.0}
+
+
+def test_recall_arms_share_one_parameter_budget():
+    task = tagging.recall_task(10, seed=0)
+    counts = {arm: measure.count_parameters(build())
+              for arm, build in tagging.recall_taggers(task.vocab_size, task.n_tags).items()}
+    assert set(counts) == set(tagging.RECALL_ARMS)
+    assert max(counts.values()) / min(counts.values()) < 1.1, counts
+
+
+def _recall_result(named_fixed=0.3):
+    seeds = list(range(10))
+    acc = {}
+    for arm in tagging.RECALL_ARMS:
+        local = arm in ("window", "CNN")
+        acc[arm] = {"last": [1.0 if local or arm == "self-attention" else 0.3] * 10,
+                    "key 0": [0.4 if local else 0.95] * 10,
+                    "named": [0.95 if arm == "self-attention" else named_fixed] * 10}
+    return tagging.RecallResult(seeds, dict.fromkeys(tagging.RECALL_ARMS, 9400), acc, 1 / 8,
+                                ["A=1"], ["1"], {"steps": 1})
+
+
+def test_recall_result_counts_and_checks_the_thesis():
+    result = _recall_result()
+    result.check()
+    assert result.fixed == [arm for arm in tagging.RECALL_ARMS if arm != "self-attention"]
+    assert result.headline().startswith("self-attention answers the named key in 10 of 10")
+    assert "no fixed weighting does in any" in result.headline()
+    assert "window          answers 'last' in 10 of 10" in "\n".join(result.controls())
+    assert "mean-pool" in result.table("named")
+    with pytest.raises(AssertionError):
+        _recall_result(named_fixed=0.9).check()  # a fixed weighting that answers: no thesis
+
+
+def test_recall_experiment_trains_every_arm_from_every_seed():
+    result = tagging.recall_experiment(steps=2, progress=False)
+    assert list(result.accuracy) == list(tagging.RECALL_ARMS)
+    assert result.seeds == list(train.seed_range())
+    for runs in result.accuracy.values():
+        assert set(runs) == {"last", "key 0", "named"}
+        assert all(len(v) == len(result.seeds) for v in runs.values())
+    assert len(result.example) == len(result.answers)
+    assert result.chance == 1 / 8
+
+
+def test_plot_recall_draws_every_arm_on_every_question_in_its_colour():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from selfattn.book.kit import draw
+
+    fig = tagging.plot_recall(_recall_result())
+    bars = fig.axes[0].patches
+    assert len(bars) == len(tagging.RECALL_ARMS) * 3
+    colours = {matplotlib.colors.to_hex(bar.get_facecolor()) for bar in bars}
+    assert colours == {draw.color(arm).lower() for arm in tagging.RECALL_ARMS}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ from ..positional import LearnedPositionalEmbedding, alibi_bias, alibi_slopes, s
 from ..scoring import ScoredSelfAttention
 from .kit.checkers import _checker, same_as
 from .kit.measure import count_parameters
-from .kit.train import Sequences
+from .kit.train import Sequences, data_seed, k_of_n, seed_range, seed_rows, train_seeds
 
 AMBIGUOUS = 0
 
@@ -178,7 +178,8 @@ def recall_task(n: int, n_pairs: int = 8, n_keys: int = 16, n_values: int = 8, n
 @torch.no_grad()
 def recall_accuracy(model: nn.Module, data: RecallData) -> dict[str, float]:
     """The share of each kind of question (``RecallData.QUESTIONS``) the model answers right."""
-    right = model(data.tokens).argmax(dim=-1) == data.tags  # (N, T)
+    device = next(model.parameters(), data.tokens).device
+    right = model(data.tokens.to(device)).argmax(dim=-1).cpu() == data.tags  # (N, T)
     return {q: right[:, data.columns(q)].float().mean().item() for q in data.QUESTIONS}
 
 class WindowTagger(nn.Module):
@@ -378,6 +379,171 @@ class AttentionTagger(nn.Module):
                                need_weights=need_weights)  # (B, T, d), (B, H, T, T)
         logits = self.mlp(x + a)  # (B, T, n_tags)
         return (logits, weights) if need_weights else logits
+
+
+RECALL_ARMS = ("window", "CNN", "mean-pool", "causal average", "fixed decay", "self-attention")
+ANSWERED = 0.8  # a kind of question is answered when this share of it is right
+FAILED = 0.5  # ... and failed below this
+
+
+def recall_taggers(vocab_size: int, n_tags: int) -> dict[str, Callable[[], nn.Module]]:
+    """The arms of :func:`recall_experiment`, sized to about the same parameter count: five
+    fixed weightings (a window, a CNN, the mean-pool and causal average controls, and the
+    content-blind recency decay) and one self-attention layer, whose weights read the content."""
+    V, C = vocab_size, n_tags
+    return {
+        "window": lambda: WindowTagger(V, C, d=16, window=3),
+        "CNN": lambda: CNNTagger(V, C, d=24, kernel=5, n_layers=2),
+        "mean-pool": lambda: MeanPoolTagger(V, C, d=32),
+        "causal average": lambda: CausalMeanTagger(V, C, d=32),
+        "fixed decay": lambda: DecayTagger(V, C, d=32),
+        "self-attention": lambda: AttentionTagger(V, C, d=28, n_heads=2),
+    }
+
+
+@dataclass
+class RecallResult:
+    """What :func:`recall_experiment` measured: each arm's accuracy on each kind of question
+    (``RecallData.QUESTIONS``), one value per seed."""
+
+    seeds: list[int]
+    parameters: dict[str, int]  # arm -> parameter count
+    accuracy: dict[str, dict[str, list[float]]]  # arm -> question -> one value per seed
+    chance: float  # 1 / n_values: a guess among the values
+    example: list[str]  # a test sentence the best self-attention run answers right, one
+    # of its heads looking hardest at the pair of every key a question names
+    answers: list[str]  # its tags, as words ("-" on no question)
+    budget: dict[str, Any]  # steps, batch size, learning rate: the same for every arm
+    weights: Tensor | None = None  # (H, questions, T): the example's question rows
+    weights_seed: int | None = None  # the seed of the self-attention run they come from
+    found: float | None = None  # share of test sentences where, for every named key, one of
+    # that run's heads gives the key's pair its question's largest weight
+
+    @property
+    def fixed(self) -> list[str]:
+        """The arms whose weights do not read the content."""
+        return [arm for arm in self.accuracy if arm != "self-attention"]
+
+    def answered(self, arm: str, question: str) -> list[bool]:
+        """Per seed: did the arm answer this kind of question (at least :data:`ANSWERED`)?"""
+        return [a >= ANSWERED for a in self.accuracy[arm][question]]
+
+    def failed(self, arm: str, question: str) -> list[bool]:
+        """Per seed: did the arm fail this kind of question (below :data:`FAILED`)?"""
+        return [a < FAILED for a in self.accuracy[arm][question]]
+
+    def headline(self) -> str:
+        """The chapter's measured sentence."""
+        att = k_of_n(self.answered("self-attention", "named"), self.seeds)
+        any_fixed = sum(any(self.answered(arm, "named")) for arm in self.fixed)
+        best = max(max(self.accuracy[arm]["named"]) for arm in self.fixed)
+        fixed = ("no fixed weighting does in any" if any_fixed == 0 else
+                 f"{any_fixed} of {len(self.fixed)} fixed weightings do in some seeds")
+        return (f"self-attention answers the named key in {att};\n"
+                f"{fixed} (their best run: {best:.0%}; a guess: {self.chance:.0%})")
+
+    def controls(self) -> list[str]:
+        """Per fixed arm: the question it answers, counted, and the named key, failed."""
+        lines = []
+        for arm in self.fixed:
+            good = max(("last", "key 0"), key=lambda q: sum(self.answered(arm, q)))
+            lines.append(f"{arm:15s} answers '{good}' in {k_of_n(self.answered(arm, good), self.seeds)}")
+            lines.append(f"{'':15s} fails 'named' in {k_of_n(self.failed(arm, 'named'), self.seeds)}")
+        return lines
+
+    def table(self, question: str) -> str:
+        """Every arm's accuracy on one kind of question, seed by seed."""
+        rows = {arm: acc[question] for arm, acc in self.accuracy.items()}
+        return seed_rows(rows, self.seeds, f"accuracy on '{question}'", fmt="{:.0%}")
+
+    def check(self) -> None:
+        """The experiment's conclusions, with a margin a fresh seed range also passes."""
+        n = len(self.seeds)
+        assert sum(self.answered("self-attention", "named")) >= n - 2
+        for arm in self.fixed:  # no fixed weighting answers the named key, in any seed
+            assert all(self.failed(arm, "named")), arm
+        for arm in ("window", "CNN"):  # the positive controls: positions only
+            assert sum(self.answered(arm, "last")) >= n - 1, arm
+        for arm in ("mean-pool", "causal average", "fixed decay"):  # a fixed key: a bag
+            assert sum(self.answered(arm, "key 0")) >= n - 1, arm
+        spread = max(self.parameters.values()) / min(self.parameters.values())
+        assert spread < 1.1, self.parameters  # the same budget, within a tenth
+
+
+def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
+                      batch_size: int = 32, lr: float = 5e-3,
+                      progress: bool = True) -> RecallResult:
+    """Chapter 1's thesis: the arms of :func:`recall_taggers`, each trained from the seeds of
+    :func:`~selfattn.book.kit.train.seed_range` on the same data of :func:`recall_task`, with
+    the same steps, batch size and learning rate, and tested on new sentences.
+
+    Only an arm whose weights read the content can answer ``named`` (which value did the key the
+    question names get?); each fixed weighting answers one of the two controls, ``last``
+    (positions only: a window or a CNN) or ``key 0`` (a fixed key: an average), so its failure
+    on ``named`` is the task's, not its training's.
+    """
+    seeds = list(seed_range())
+    data = recall_task(4000, seed=data_seed(4))
+    test = recall_task(1000, seed=data_seed(5))
+    accuracy: dict[str, dict[str, list[float]]] = {}
+    parameters = {}
+    attention: list[nn.Module] = []
+    for arm, build in recall_taggers(data.vocab_size, data.n_tags).items():
+        def make(b: Callable[[], nn.Module] = build) -> nn.Module:
+            return b().to(device)
+
+        models, _ = train_seeds(make, data, seeds=seeds,
+                                steps=steps, batch_size=batch_size, lr=lr,
+                                progress=progress, desc=arm)
+        parameters[arm] = count_parameters(models[0])
+        runs = [recall_accuracy(m, test) for m in models]
+        accuracy[arm] = {q: [r[q] for r in runs] for q in test.QUESTIONS}
+        attention = models if arm == "self-attention" else attention
+    best = max(range(len(seeds)), key=lambda i: accuracy["self-attention"]["named"][i])
+    with torch.no_grad():  # the example: the first test sentence the best run answers right
+        logits, w = attention[best](test.tokens.to(device), need_weights=True)  # (N, H, T, T)
+    right = (logits.argmax(-1).cpu() == test.tags)[:, test.n_pairs:].all(dim=1)  # (N,)
+    asked = test.columns("named")
+    keys = test.tokens[:, :test.n_pairs] // test.n_values  # (N, P)
+    named = test.tokens[:, asked] - test.n_keys * test.n_values  # (N, Q): the keys asked
+    at = (keys[:, None, :] == named[:, :, None]).long().argmax(-1)  # (N, Q): their pairs
+    top = w[:, :, asked].argmax(-1).cpu()  # (N, H, Q): where each head looks most
+    found = (top == at[:, None]).any(dim=1).all(dim=1)  # (N,): a head finds every pair
+    i = int((right & found).long().argmax())
+    words = test.words(i)
+    answers = ["-"] * test.n_pairs + [str(v) for v in test.tags[i, test.n_pairs:].tolist()]
+    result = RecallResult(seeds, parameters, accuracy, 1 / test.n_values, words, answers,
+                          {"steps": steps, "batch_size": batch_size, "lr": lr})
+    result.weights, result.weights_seed = w[i, :, test.n_pairs:].cpu(), seeds[best]
+    result.found = found.float().mean().item()
+    return result
+
+
+def plot_recall(result: RecallResult) -> Any:
+    """One bar per arm and kind of question: the mean over the seeds, and a line from the
+    lowest seed to the highest; a dotted line at a guess. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from .kit.draw import color
+
+    labels = {"last": "last?\n(positions)", "key 0": "A?\n(a fixed key)",
+              "named": "K?\n(the key named)"}
+    arms = list(result.accuracy)
+    fig, ax = plt.subplots(figsize=(6.8, 3.4), layout="constrained")
+    width = 0.8 / len(arms)
+    for j, arm in enumerate(arms):
+        for i, q in enumerate(labels):
+            runs = result.accuracy[arm][q]
+            mean = sum(runs) / len(runs)
+            x = i + (j - (len(arms) - 1) / 2) * width
+            ax.bar(x, mean, width, color=color(arm), label=arm if i == 0 else None)
+            ax.plot([x, x], [min(runs), max(runs)], color="black", lw=1)
+    ax.axhline(result.chance, color="grey", ls=":", lw=1, label="a guess")
+    ax.set_xticks(range(len(labels)), list(labels.values()))
+    ax.set(ylabel="accuracy (new sentences)", ylim=(0, 1.05),
+           title=f"Which value? Mean of {len(result.seeds)} seeds; line: lowest..highest")
+    fig.legend(fontsize=8, loc="outside right center")
+    return fig
 
 
 @torch.no_grad()

@@ -47,12 +47,13 @@ Q, K, V, OUT, GREY = TAB[0], TAB[1], TAB[2], TAB[4], TAB[7]  # the diagrams' rol
 # contrast of 3:1 on the figures' white and on the dark theme's page (tests/test_diagrams.py)
 BLUE, ORANGE, SKY, GREEN = "#0072B2", "#C98600", "#3A9AD3", "#009E73"
 VERMILLION, PURPLE, CONTROL = "#D55E00", "#CC79A7", "#7F7F7F"
+MAGENTA = "#D81B60"  # beyond Okabe and Ito's: chapter 1 draws seven taggers side by side
 
 
 PALETTE: dict[str, str] = {
     # chapter 1's taggers, and the layers it compares; attention is blue everywhere
     "self-attention": BLUE, "window": ORANGE, "CNN": SKY, "GRU": GREEN, "causal average": PURPLE,
-    "mean-pool": CONTROL,
+    "mean-pool": CONTROL, "fixed decay": MAGENTA,
     # data
     "train": BLUE, "test": ORANGE,
     # chapter 3's scorers
@@ -69,7 +70,8 @@ PALETTE: dict[str, str] = {
 
 
 FAMILIES: dict[str, tuple[str, ...]] = {  # the names a figure draws side by side
-    "taggers": ("self-attention", "window", "CNN", "GRU", "causal average", "mean-pool"),
+    "taggers": ("self-attention", "window", "CNN", "GRU", "causal average", "mean-pool",
+                "fixed decay"),
     "data": ("train", "test"),
     "scorers": ("scaled dot", "dot", "additive"),
     "positions": ("RoPE", "sinusoidal", "learned", "ALiBi", "none"),
