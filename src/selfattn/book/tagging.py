@@ -152,7 +152,10 @@ def recall_task(n: int, n_pairs: int = 8, n_keys: int = 16, n_values: int = 8, n
     * ``A?`` (key 0): the value of the one key every sentence holds. Its answer is in the bag of
       pairs under a fixed key: an average over the sentence holds it, in any order;
     * ``K?`` for the other keys: the value of the key the question names. Where it is depends on
-      the question's own word, so no fixed weighting of the positions can find it.
+      the question's own word, so no fixed weighting of the positions points at it. (The layer
+      after an average can still learn the lookup from the bag of pairs, given a width that
+      grows with the number of pairs, Arora et al. 2023: the experiment's claim is one of
+      budget.)
 
     Every pair is tagged with its own value, so the model must also read a pair token.
     """
@@ -437,7 +440,7 @@ class RecallResult:
         att = k_of_n(self.answered("self-attention", "named"), self.seeds)
         any_fixed = sum(any(self.answered(arm, "named")) for arm in self.fixed)
         best = max(max(self.accuracy[arm]["named"]) for arm in self.fixed)
-        fixed = ("no fixed weighting does in any" if any_fixed == 0 else
+        fixed = ("at the same budget, no fixed weighting does in any" if any_fixed == 0 else
                  f"{any_fixed} of {len(self.fixed)} fixed weightings do in some seeds")
         return (f"self-attention answers the named key in {att};\n"
                 f"{fixed} (their best run: {best:.0%}; a guess: {self.chance:.0%})")
@@ -460,7 +463,7 @@ class RecallResult:
         """The experiment's conclusions, with a margin a fresh seed range also passes."""
         n = len(self.seeds)
         assert sum(self.answered("self-attention", "named")) >= n - 2
-        for arm in self.fixed:  # no fixed weighting answers the named key, in any seed
+        for arm in self.fixed:  # at this budget, no fixed weighting answers the named key
             assert all(self.failed(arm, "named")), arm
         for arm in ("window", "CNN"):  # the positive controls: positions only
             assert sum(self.answered(arm, "last")) >= n - 1, arm
