@@ -349,6 +349,10 @@ def test_a_bool_causal_mask_costs_the_cpu_kernel_a_float_mask_of_its_own():
     assert causal["kernel"] == masked["kernel"]  # the same fused kernel ...
     assert masked["peak bytes"] - causal["peak bytes"] >= cost["mask bytes"]  # ... a float mask more
     assert cost["mask bytes"] == 4 * 128 * 128 and causal["seconds"] > 0
+    floats = cost["float attn_mask"]
+    assert floats["kernel"] == cost["no mask"]["kernel"] == causal["kernel"]
+    # a float mask built once is read, not made: no mask-sized tensor per call
+    assert floats["peak bytes"] < cost["mask bytes"] <= masked["peak bytes"]
 
 
 def test_the_fixed_class_forms_its_scores_in_float32():

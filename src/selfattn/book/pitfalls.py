@@ -226,7 +226,9 @@ def half_precision_scores(embed_size: int = 32, heads: int = 4, scale: float = 3
 
 def mask_cost(length: int = 4096, head_dim: int = 64, repeats: int = 5) -> dict[str, Any]:
     """What a causal mask costs SDPA on a CPU, on one ``(1, 1, length, head_dim)`` float32 input:
-    the call with ``is_causal=True`` and with the bool ``causal_mask(length)``. For each: the
+    the call with ``is_causal=True``, with no mask at all, with a float causal mask (``0`` and
+    ``-inf``, built once, outside the call) and with the bool ``causal_mask(length)``, which the
+    kernel turns into a float one on every call. For each: the
     attention kernel PyTorch ran, the peak bytes of tensor storage the call held
     (:func:`~selfattn.book.kit.measure.peak_memory`, the input excluded) and the median seconds
     per call (:func:`~selfattn.book.kit.measure.compare`, side by side). ``mask bytes``: one
@@ -236,6 +238,9 @@ def mask_cost(length: int = 4096, head_dim: int = 64, repeats: int = 5) -> dict[
     q = torch.randn(1, 1, length, head_dim)
     calls: dict[str, dict[str, Any]] = {
         "is_causal=True": {"is_causal": True},
+        "no mask": {},
+        "float attn_mask": {"attn_mask": torch.zeros(length, length).masked_fill(
+            ~causal_mask(length), float("-inf"))},
         "bool attn_mask": {"attn_mask": causal_mask(length)}}
     fns: dict[str, Callable[[], object]] = {
         name: partial(F.scaled_dot_product_attention, q, q, q, **kwargs)
