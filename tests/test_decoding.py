@@ -186,8 +186,9 @@ def test_block_step_benchmark_rows():
         weights = decode_bytes(16, 4, r["n_kv_heads"], r["context"], 4, 4, 64)["weights"] // 4
         flops = r["batch"] * (2 * weights + 4 * 4 * 4 * (r["context"] + 1))
         assert r["gflop_per_s"] == pytest.approx(flops / (r["ms"] / 1e3) / 1e9)
-    table = decoding.block_step_table(rows, l3=2**40)
-    assert table.count("<L3") == len(rows) and "<L3" not in decoding.block_step_table(rows, 1)
+    table = decoding.block_step_table(rows, cache=1)
+    assert table.count("DRAM") == len(rows)
+    assert "DRAM" not in decoding.block_step_table(rows, cache=2**40)
     assert max(len(line) for line in table.splitlines()) <= 88
 
 
@@ -199,6 +200,7 @@ def test_the_rolling_caches_step_allocates_a_token_not_their_window():
     hd = 16
     assert rows[1]["held"] == rows[2]["held"] == 2 * 4 * 256 * hd * 4
     assert rows[0]["held"] == 2 * 4 * (256 + 64) * hd * 4  # every token: filled past the window
+    assert [r["tokens"] for r in rows] == [256 + 64, 256, 256]
     for r in rows:
         assert r["step_peak"] < r["held"] / 16  # the new token's tensors, no copy of the window
         assert set(r["copies"]) <= {"copy_"}  # the new token written into its slot, no gather
@@ -478,3 +480,22 @@ def test_uptraining_recovery_runs_on_a_tiny_budget():
     assert all(len(v) == 2 and all(0 <= a <= 1 for a in v) for v in arms.values())
     again = decoding.uptraining_recovery(run(UPTRAINING), seeds=[0, 1], steps=20, uptrain_steps=2)
     assert again == arms  # seeded
+
+
+def test_effective_cache_is_the_largest_fast_working_set():
+    bandwidth = {1: 56.0, 4: 27.0, 16: 25.0, 32: 19.0, 48: 14.0, 128: 13.0}
+    assert decoding.effective_cache_bytes(bandwidth) == 2 * 32 * 2**20
+    assert decoding.effective_cache_bytes(bandwidth, margin=1.5) == 2 * 16 * 2**20
+    assert decoding.effective_cache_bytes({1: 10.0, 2: 10.0}) == 0
+
+
+def test_copy_bandwidth_and_tokens_per_pass_measure_every_size():
+    bandwidth = decoding.copy_bandwidth((1, 2), repeats=3)
+    assert list(bandwidth) == [1, 2] and all(v > 0 for v in bandwidth.values())
+    torch.manual_seed(0)
+    block = DecoderBlock(32, 4).eval()
+    passes = decoding.tokens_per_pass(block, (1, 8), repeats=3)
+    assert list(passes) == [1, 8]
+    for row in passes.values():
+        assert set(row) == {"ms_per_token", "gflop_per_s", "weights_gb_per_s"}
+        assert all(v > 0 for v in row.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -585,18 +586,81 @@ def block_step_benchmark(contexts: tuple[int, ...] = (1024, 8192), batches: tupl
     return rows
 
 
-def block_step_table(rows: list[dict], l3: int | None = None) -> str:
+def block_step_table(rows: list[dict], cache: int | None = None) -> str:
     """:func:`block_step_benchmark`'s rows as text: per context and batch, each variant's ms per
-    step, the MiB it reads (``<L3`` where that fits in ``l3`` bytes, the CPU's last cache), its
-    GB/s and GFLOP/s, the speed-up over the first variant (MHA) beside the bytes bound."""
-    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>7s} {'ms':>7s} {'MiB read':>12s} "
+    step, the MiB it reads (``DRAM`` where that is more than ``cache`` bytes, the cache a thread
+    was measured to see, :func:`effective_cache_bytes`), its GB/s and GFLOP/s, the speed-up over
+    the first variant (MHA) beside the bytes bound."""
+    lines = [f"{'context':>7s} {'batch':>5s} {'variant':>7s} {'ms':>7s} {'MiB read':>13s} "
              f"{'GB/s':>5s} {'GFLOP/s':>7s} {'speed-up':>8s} {'bytes bound':>11s}"]
     for r in rows:
-        fits = " <L3" if l3 is not None and r["mb"] * 2**20 <= l3 else "    "
+        past = " DRAM" if cache is not None and r["mb"] * 2**20 > cache else "     "
         lines.append(f"{r['context']:7d} {r['batch']:5d} {r['variant']:>7s} {r['ms']:7.2f} "
-                     f"{r['mb']:8.1f}{fits} {r['gb_per_s']:5.1f} {r['gflop_per_s']:7.1f} "
+                     f"{r['mb']:8.1f}{past} {r['gb_per_s']:5.1f} {r['gflop_per_s']:7.1f} "
                      f"{r['speedup_vs_mha']:7.2f}x {r['bytes_vs_mha']:10.2f}x")
     return "\n".join(lines)
+
+
+def tokens_per_pass(block: nn.Module, sizes: Sequence[int] = (1, 4, 16, 64, 256, 1024),
+                    repeats: int = 5, seed: int = 0) -> dict[int, dict[str, float]]:
+    """One pass of ``block`` over ``n`` tokens at once (no cache), for each ``n`` in ``sizes``,
+    timed side by side (:func:`~selfattn.book.kit.measure.compare`: interleaved, contended
+    samples dropped). Per ``n``: ``ms_per_token``, ``gflop_per_s`` (two FLOPs per weight of the
+    block's matrices and token) and ``weights_gb_per_s`` (the matrices' bytes, read once per
+    pass, over its time)."""
+    from .kit.measure import compare
+
+    matrices = [p for p in block.parameters() if p.dim() == 2]
+    weight_bytes = sum(p.numel() * p.element_size() for p in matrices)
+    weights = sum(p.numel() for p in matrices)
+    g = torch.Generator().manual_seed(seed)
+    d_model = matrices[0].shape[1]
+    xs = {n: torch.randn(1, n, d_model, generator=g) for n in sizes}
+
+    def run(x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return block(x)
+
+    fns: dict[str, Callable[[], object]] = {str(n): functools.partial(run, x)
+                                            for n, x in xs.items()}
+    timed = compare(fns, repeats=repeats, warmup=1, min_sample_s=0.05)
+    out = {}
+    for n in sizes:
+        seconds = timed[str(n)].median
+        out[n] = {"ms_per_token": 1e3 * seconds / n,
+                  "gflop_per_s": 2 * n * weights / seconds / 1e9,
+                  "weights_gb_per_s": weight_bytes / seconds / 1e9}
+    return out
+
+
+def copy_bandwidth(sizes_mib: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), repeats: int = 5
+                   ) -> dict[int, float]:
+    """GB/s of copying a float32 buffer of each size (MiB) into another, the bytes read plus the
+    bytes written over the time, the sizes timed side by side
+    (:func:`~selfattn.book.kit.measure.compare`). A copy whose two buffers stay in a cache runs
+    faster than one that streams from main memory (DRAM); where the speed falls is the cache one
+    thread really sees, whatever the operating system reports (:func:`cpu_cache_bytes`)."""
+    from .kit.measure import compare
+
+    fns: dict[str, Callable[[], object]] = {}
+    for mib in sizes_mib:
+        a = torch.ones(mib * 2**20 // 4)
+        b = torch.empty_like(a)
+        fns[str(mib)] = functools.partial(b.copy_, a)
+    timed = compare(fns, repeats=repeats, warmup=1, min_sample_s=0.05)
+    return {mib: 2 * mib * 2**20 / timed[str(mib)].median / 1e9 for mib in sizes_mib}
+
+
+def effective_cache_bytes(bandwidth: dict[int, float], margin: float = 1.25) -> int:
+    """The cache one thread sees, from :func:`copy_bandwidth`: the working set (both buffers, in
+    bytes) of the largest copy still more than ``margin`` times as fast as the largest copy,
+    which streams from main memory; 0 when none is. A working set up to this size gets some help
+    from the caches; a larger one runs at main memory's speed. (The margin sits well below the
+    speed-up of a copy that fits, so that a copy half in the cache counts as helped, and one
+    timing's noise does not move the answer.)"""
+    dram = bandwidth[max(bandwidth)]
+    fast = [mib for mib, gbs in bandwidth.items() if gbs > margin * dram]
+    return 2 * max(fast) * 2**20 if fast else 0
 
 
 @dataclass(frozen=True)
@@ -1272,6 +1336,8 @@ def window_step_costs(d_model: int = 1024, n_heads: int = 16, kept: int = 4096, 
     the rolling buffers have wrapped.
 
     Each row: ``cache`` (its class), ``held`` (bytes the cache holds, :attr:`~Cache.nbytes`),
+    ``tokens`` (how many tokens those bytes are: the contiguous cache holds all ``kept + kept // 4``
+    appended, the rolling ones ``kept``),
     ``step_peak`` (the most bytes of new tensors alive at once during the step,
     :func:`~selfattn.book.kit.measure.peak_memory`: the new token's projections, scores and output,
     and any copy of the cache) and ``copies`` (the step's operations that copy a tensor, by name,
@@ -1301,7 +1367,8 @@ def window_step_costs(d_model: int = 1024, n_heads: int = 16, kept: int = 4096, 
                 return layer(x, x, x, is_causal=True, kv_cache=cache)
 
             peak, ops = peak_memory(step), op_counts(step)
-            rows.append({"cache": name, "held": held, "step_peak": peak,
+            tokens = held // (2 * n_heads * hd * kv.element_size())
+            rows.append({"cache": name, "held": held, "tokens": tokens, "step_peak": peak,
                          "copies": {op: n for op, n in sorted(ops.items()) if op in _COPIES}})
     return rows
 
