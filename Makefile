@@ -108,11 +108,11 @@ unit: $(STAMP)
 check: unit
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "slow and not built_book" tests
 
-# The seed rule, checked on a range nobody chose: every chapter that trains (it calls
-# train_seeds) runs again with SELFATTN_SEEDS_FROM set to a fresh, random start, under
+# The seed rule, checked on a range nobody chose: every chapter that draws seeds (it calls
+# seed_range or train_seeds) runs again with SELFATTN_SEEDS_FROM set to a fresh, random start, under
 # nbval-lax: outputs may differ, every assert must hold. The start is printed; to rerun one:
 #   make robust SEEDS_FROM=4130
-TRAINING_CHAPTERS = $(shell grep -l "train_seeds" chapters/*.ipynb)
+TRAINING_CHAPTERS = $(shell grep -l -E "seed_range|train_seeds" chapters/*.ipynb)
 robust: $(STAMP)
 	@from=$${SEEDS_FROM:-$$(( RANDOM % 9900 + 100 ))}; \
 	echo "make robust: SELFATTN_SEEDS_FROM=$$from on $(notdir $(TRAINING_CHAPTERS))"; \
