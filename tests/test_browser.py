@@ -37,6 +37,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.built_book
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
+# Full-page screenshots of every page (at 1280 px in the light theme, the pages with diagrams in
+# the dark one too, and at the phone width in both themes), for a person to look at: on request
+# (SELFATTN_SHOTS=1 make test), since the tall captures cost the test about a minute of CPU.
+# The explorers', live explorers' and self-checks' own screenshots are small and always taken.
+PAGE_SHOTS = os.environ.get("SELFATTN_SHOTS") == "1"
 _spec = importlib.util.spec_from_file_location("find_browser", ROOT / "tools" / "find_browser.py")
 find_browser = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(find_browser)
@@ -101,10 +106,32 @@ def open_page(browser, server, name, width=1280):
     page.on("response", lambda r: log.__setitem__(
         "bytes", log["bytes"] + int(r.headers.get("content-length") or 0))
         if r.url.startswith(server) and r.status < 300 else None)
-    page.goto(f"{server}/{name}.html", wait_until="networkidle")
-    page.wait_for_timeout(500)  # let the widget manager finish rendering
-    page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+    settle(page, f"{server}/{name}.html")
     return page, log
+
+
+# A page is ready for the checks once it has loaded (its images included), the widget manager
+# has rendered every embedded widget view, MathJax has typeset and the fonts its text asked for
+# have arrived: waited for as events, not as fixed pauses (a network-idle wait and a pause cost
+# every page a second of idling).
+PAGE_READY = """() => {
+    const views = document.querySelectorAll(
+        'script[type="application/vnd.jupyter.widget-view+json"]').length;
+    const shown = document.querySelectorAll(".cell_output .widget-subarea > .jupyter-widgets");
+    return shown.length >= views;
+}"""
+PAGE_TYPESET = """async () => {
+    if (window.MathJax && MathJax.startup) await MathJax.startup.promise;
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    await document.fonts.ready;
+}"""
+
+
+def settle(page, url):
+    """Open ``url`` and wait until the page is ready for the checks (PAGE_READY)."""
+    page.goto(url, wait_until="load")
+    page.wait_for_function(PAGE_READY, timeout=30_000)
+    page.evaluate(PAGE_TYPESET)
 
 
 # Bytes each page transfers as it loads (the server's Content-Length of every response, cached
@@ -126,7 +153,8 @@ def in_notebook(name, marker):
 def test_page_renders_offline_without_errors(browser, server, name):
     page, log = open_page(browser, server, name)
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}.png"), full_page=True)
+    if PAGE_SHOTS:
+        page.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}.png"), full_page=True)
     WEIGHTS.mkdir(parents=True, exist_ok=True)
     (WEIGHTS / f"{name.replace('/', '_')}.txt").write_text(f"{name:40s} {log['bytes'] / 1e6:6.2f} MB\n")
 
@@ -321,14 +349,14 @@ def working_explorers(page):
 
 
 def check_diagrams(page, name):
-    """Every schematic diagram (drawn with selfattn.book.kit.draw) is shown with its alt text; the
-    page is screenshotted again in the dark theme, where the diagrams keep their white card.
-    Returns how many there are."""
+    """Every schematic diagram (drawn with selfattn.book.kit.draw) is shown with its alt text;
+    with SELFATTN_SHOTS=1 the page is screenshotted again in the dark theme, where the diagrams
+    keep their white card. Returns how many there are."""
     alts = page.evaluate("""() => [...document.querySelectorAll("img.selfattn-diagram")]
         .filter(i => i.offsetParent !== null).map(i => i.alt.trim())""")
     assert all(len(alt) > 20 for alt in alts), f"{name}: a diagram without alt text: {alts}"
-    if not alts:
-        return 0
+    if not alts or not PAGE_SHOTS:
+        return len(alts)
     page.evaluate("() => document.documentElement.setAttribute('data-theme', 'dark')")
     page.wait_for_timeout(300)
     page.screenshot(path=str(SHOTS / f"{name.replace('/', '_')}_dark.png"), full_page=True)
@@ -373,9 +401,6 @@ def test_most_chapters_have_an_explorer_some_with_a_slider_and_five_draw_diagram
 # ---- every page at both widths and in both themes: axe, width, alt text --------------------------
 
 PHONE = 390
-# Full-page screenshots at the phone width, in both themes, for a person to look at: on request
-# (SELFATTN_PHONE_SHOTS=1 make test), since 28 tall captures cost CI about half a minute.
-PHONE_SHOTS = os.environ.get("SELFATTN_PHONE_SHOTS") == "1"
 AXE_FAILS = ("critical", "serious")  # axe-core's impacts that fail the test ...
 AXE_RULES_THAT_FAIL = ("empty-table-header",)  # ... and a minor rule the book once broke
 AXE_COUNTS = ROOT / "_build" / "axe"  # a line per page, width and theme: violations by impact
@@ -393,9 +418,7 @@ def open_as_reader(browser, server, name, width):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(server)
                or r.request.url.startswith(("data:", "blob:")) else r.abort())
-    page.goto(f"{server}/{name}.html", wait_until="networkidle")
-    page.wait_for_timeout(500)  # the widget manager renders after the load
-    page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+    settle(page, f"{server}/{name}.html")
     return page, errors
 
 
@@ -456,8 +479,9 @@ def reader_problems(page, server, name, width):
     """What a reader at ``width`` would meet on the page as it stands: sideways scrolling,
     images without alt text, figures not linked to their files (or shrunk on a phone), clipped
     equations on a phone, a verdict nobody asked for, and axe-core's critical and serious
-    violations in the light theme (every rule) and the dark one (its colour rules). Leaves the
-    page in the theme it found."""
+    violations in the light theme (every rule) and, at the desktop width, the dark one (its
+    colour rules: a theme's colours are the same at every width, and the desktop page shows
+    everything the phone page does). Leaves the page in the theme it found."""
     problems = []
     over, sticking_out = wider_than_the_window(page)
     if over > 0:
@@ -474,9 +498,16 @@ def reader_problems(page, server, name, width):
                            " document.documentElement.dataset.mode || '']")
     set_theme = ("([t, m]) => { const html = document.documentElement;"
                  " html.dataset.theme = t; html.dataset.mode = m; }")
-    for theme in ("light", "dark"):
+    phone_shots = width == PHONE and PAGE_SHOTS  # (the desktop test screenshots each page)
+    for theme in ("light", "dark") if width > PHONE or phone_shots else ("light",):
         page.evaluate(set_theme, [theme, theme])
         page.wait_for_timeout(300)  # the live explorers redraw in the theme's colours
+        if phone_shots:
+            (SHOTS / "pages").mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "pages" / f"{name.replace('/', '_')}_{theme}.png"),
+                            full_page=True)
+        if width <= PHONE and theme == "dark":
+            continue
         found = axe_violations(page, server, None if theme == "light" else AXE_COLOUR_RULES)
         counts = {impact: sum(n for _, i, n, _ in found if i == impact)
                   for impact in ("critical", "serious", "moderate", "minor")}
@@ -488,10 +519,6 @@ def reader_problems(page, server, name, width):
         problems += [f"axe {theme}: {rule} ({impact}, {n} nodes: {targets})"
                      for rule, impact, n, targets in found
                      if impact in AXE_FAILS or rule in AXE_RULES_THAT_FAIL]
-        if width == PHONE and PHONE_SHOTS:  # (the desktop test screenshots each page)
-            (SHOTS / "pages").mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SHOTS / "pages" / f"{name.replace('/', '_')}_{theme}.png"),
-                            full_page=True)
     page.evaluate(set_theme, before)
     page.wait_for_timeout(300)
     return problems
