@@ -1,8 +1,8 @@
 # Two commands do everything on a fresh machine with Python 3.11+, make and npm:
 #   make book   set up .venv if needed, build the book, print where index.html is
-#   make test   lint and type check; find or install a browser; set up .venv if needed; every
-#               chapter, two at a time, beside the fast tests; the slow tests beside the page
-#               rendering; then the tests that read the built book (tools/test_all.sh)
+#   make test   find or install a browser; set up .venv if needed; every chapter, two at a
+#               time, beside lint, the type check and the fast tests; the slow tests beside the
+#               page rendering; then the tests that read the built book (tools/test_all.sh)
 #   make unit   the inner loop (about a minute): lint, type check, the fast tests
 #   make check  make unit, then the slow tests: every test that needs no built book
 #   make robust every chapter that trains, again on a fresh random range of seeds (see below)
@@ -84,14 +84,15 @@ book: executed
 browser:
 	@$(PYTHON) tools/find_browser.py --install > /dev/null
 
-# Every test, its phases side by side (tools/test_all.sh says which and why): the fast tests
-# beside every chapter executed for the book, then the slow tests beside the rendering, then
-# the tests that read the built book.
-test: lint browser $(STAMP) $(VENDOR) $(CJK_FONT)
+# Every test, its phases side by side (tools/test_all.sh says which and why): lint and the fast
+# tests beside every chapter executed for the book, then the slow tests beside the rendering,
+# then the tests that read the built book.
+test: browser $(STAMP) $(VENDOR) $(CJK_FONT)
 	MAKE="$(MAKE)" tools/test_all.sh
 
 # ruff over everything; mypy over the package, selfattn.book included ([tool.mypy] in
-# pyproject.toml). Both take seconds; make test starts with them.
+# pyproject.toml). Half a minute on a fresh clone (mypy has no cache yet); make test runs them
+# beside the chapters, whose two workers would otherwise have the machine to themselves.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy

@@ -2,8 +2,8 @@
 # make test: every test of the book, in three phases, each keeping both cores of a 2-core
 # machine busy:
 #
-#   1. the fast tests (pytest -m "not slow and not built_book", what make unit runs) beside
-#      every chapter executed for the book (tools/execute_book.py, two at a time, asserts
+#   1. lint and the type check, then the fast tests (pytest -m "not slow and not built_book":
+#      make unit runs the same), beside every chapter executed for the book (tools/execute_book.py, two at a time, asserts
 #      included), with tests/harness.py in each chapter's kernel recording every figure's text
 #      size and driving every explorer live (into _build/harness/);
 #   2. the slow tests (pytest -m "slow and not built_book") and make gpu's rehearsal on this CPU
@@ -12,7 +12,7 @@
 #   3. the tests that read the built book (pytest -m built_book), the browser tests among them,
 #      on both cores (pytest-xdist: each test keeps its findings to itself).
 #
-# The Makefile calls it after lint, the browser check and the set-up (.venv, _vendor, the font).
+# The Makefile calls it after the browser check and the set-up (.venv, _vendor, the font).
 # A phase runs to its end even when one of its halves failed; a failed chapter or a failed
 # rendering stops the script there, since nothing after it could pass.
 set -euo pipefail
@@ -43,9 +43,10 @@ phase() {
 
 fast_tests_and_chapters() {
     local tests=0 chapters=0 job
-    phase "1: the fast tests, beside every chapter executed for the book"
+    phase "1: lint and the fast tests, beside every chapter executed for the book"
     in_background "$MAKE" --no-print-directory executed RECORD=_build/harness
     job=$!
+    "$MAKE" --no-print-directory lint || tests=$?
     "$PY" -m pytest -m "not slow and not built_book" tests || tests=$?
     finish "$job" || chapters=$?
     if [ "$chapters" -ne 0 ]; then
