@@ -74,7 +74,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {  # the names a figure draws side by sid
                 "fixed decay"),
     "data": ("train", "test"),
     "scorers": ("scaled dot", "dot", "additive"),
-    "positions": ("RoPE", "sinusoidal", "learned", "ALiBi", "none"),
+    "positions": ("RoPE", "sinusoidal", "learned", "ALiBi", "none", "fixed decay"),
     "key/value heads": ("MHA", "GQA", "MQA"),
     "attention paths": ("explicit", "tiled", "SDPA"),
     "decoding": ("cached", "recompute"),
