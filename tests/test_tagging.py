@@ -517,3 +517,11 @@ def test_plot_recall_draws_every_arm_on_every_question_in_its_colour():
     assert len(bars) == len(tagging.RECALL_ARMS) * 3
     colours = {matplotlib.colors.to_hex(bar.get_facecolor()) for bar in bars}
     assert colours == {draw.color(arm).lower() for arm in tagging.RECALL_ARMS}
+
+
+def test_window_tagger_is_its_fc_layer_on_each_concatenated_window():
+    model = tagging.WindowTagger(20, 4, d=6, window=3, hidden=10)
+    tokens = torch.randint(0, 20, (5, 9))
+    x = torch.nn.functional.pad(model.embed(tokens), (0, 0, 3, 3))  # (B, T + 2w, d)
+    windows = torch.cat([x[:, j : j + 9] for j in range(7)], dim=-1)  # (B, T, 7 d)
+    torch.testing.assert_close(model(tokens), model.mlp(windows))

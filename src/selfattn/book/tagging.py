@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +190,8 @@ class WindowTagger(nn.Module):
 
     With ``window=0`` this is the per-token FC layer that gives both "saw"s the same tag. The
     first layer has ``(2 * window + 1) * d`` inputs: parameters grow linearly with the window.
+    Sliding that layer along the sequence is a convolution of width ``2 * window + 1``, which is
+    how the forward pass computes it (the same numbers as concatenating each window, faster).
     """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
@@ -201,12 +203,13 @@ class WindowTagger(nn.Module):
                                  nn.Linear(hidden, n_tags))
 
     def forward(self, tokens: Tensor) -> Tensor:
-        B, T = tokens.shape
         w = self.window
-        x = F.pad(self.embed(tokens), (0, 0, w, w))  # (B, T + 2w, d), zeros beyond the ends
-        windows = x.unfold(1, 2 * w + 1, 1)  # (B, T, d, 2w + 1)
-        windows = windows.transpose(2, 3).reshape(B, T, -1)  # (B, T, (2w + 1) * d)
-        return self.mlp(windows)  # (B, T, n_tags)
+        first, rest = cast(nn.Linear, self.mlp[0]), self.mlp[1:]
+        x = self.embed(tokens).transpose(1, 2)  # (B, d, T): channels first for conv1d
+        # the first layer's weight (hidden, (2w + 1) * d), read as one kernel per window slot
+        kernel = first.weight.view(first.out_features, 2 * w + 1, -1).transpose(1, 2)
+        h = F.conv1d(x, kernel, first.bias, padding=w)  # (B, hidden, T): zeros beyond the ends
+        return rest(h.transpose(1, 2))  # (B, T, n_tags)
 
 
 class CNNTagger(nn.Module):
