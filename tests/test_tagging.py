@@ -517,3 +517,33 @@ def test_plot_recall_draws_every_arm_on_every_question_in_its_colour():
     assert len(bars) == len(tagging.RECALL_ARMS) * 3
     colours = {matplotlib.colors.to_hex(bar.get_facecolor()) for bar in bars}
     assert colours == {draw.color(arm).lower() for arm in tagging.RECALL_ARMS}
+
+
+def test_window_tagger_is_its_fc_layer_on_each_concatenated_window():
+    model = tagging.WindowTagger(20, 4, d=6, window=3, hidden=10)
+    tokens = torch.randint(0, 20, (5, 9))
+    x = torch.nn.functional.pad(model.embed(tokens), (0, 0, 3, 3))  # (B, T + 2w, d)
+    windows = torch.cat([x[:, j : j + 9] for j in range(7)], dim=-1)  # (B, T, 7 d)
+    torch.testing.assert_close(model(tokens), model.mlp(windows))
+
+
+def test_pairs_seen_counts_the_reach_of_every_question():
+    task = tagging.recall_task(200, seed=0)
+    V, C = task.vocab_size, task.n_tags
+    torch.manual_seed(0)
+    assert tagging.pairs_seen(tagging.WindowTagger(V, C, window=3), task) == 0  # last? sees 3
+    assert tagging.pairs_seen(tagging.CNNTagger(V, C, kernel=5, n_layers=2), task) == 1
+    for arm, build in tagging.recall_taggers(V, C).items():  # every arm reaches every pair
+        assert tagging.pairs_seen(build(), task) == task.n_pairs, arm
+
+
+def test_recall_check_refuses_an_arm_short_of_reach_or_an_average_at_a_guess():
+    result = _recall_result()
+    result.seen = dict.fromkeys(tagging.RECALL_ARMS, 8)
+    result.check()
+    assert "window          every question sees 8 of 8 pairs" in result.reach()
+    result.seen["window"] = 3
+    with pytest.raises(AssertionError):
+        result.check()
+    with pytest.raises(AssertionError):
+        _recall_result(named_fixed=0.15).check()  # the averages no better than a guess

@@ -22,8 +22,8 @@ which chapters 3 to 7 train too). Then what each can see (:func:`influence`,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +190,8 @@ class WindowTagger(nn.Module):
 
     With ``window=0`` this is the per-token FC layer that gives both "saw"s the same tag. The
     first layer has ``(2 * window + 1) * d`` inputs: parameters grow linearly with the window.
+    Sliding that layer along the sequence is a convolution of width ``2 * window + 1``, which is
+    how the forward pass computes it (the same numbers as concatenating each window, faster).
     """
 
     def __init__(self, vocab_size: int, n_tags: int, d: int = 16, window: int = 2,
@@ -201,12 +203,13 @@ class WindowTagger(nn.Module):
                                  nn.Linear(hidden, n_tags))
 
     def forward(self, tokens: Tensor) -> Tensor:
-        B, T = tokens.shape
         w = self.window
-        x = F.pad(self.embed(tokens), (0, 0, w, w))  # (B, T + 2w, d), zeros beyond the ends
-        windows = x.unfold(1, 2 * w + 1, 1)  # (B, T, d, 2w + 1)
-        windows = windows.transpose(2, 3).reshape(B, T, -1)  # (B, T, (2w + 1) * d)
-        return self.mlp(windows)  # (B, T, n_tags)
+        first, rest = cast(nn.Linear, self.mlp[0]), self.mlp[1:]
+        x = self.embed(tokens).transpose(1, 2)  # (B, d, T): channels first for conv1d
+        # the first layer's weight (hidden, (2w + 1) * d), read as one kernel per window slot
+        kernel = first.weight.view(first.out_features, 2 * w + 1, -1).transpose(1, 2)
+        h = F.conv1d(x, kernel, first.bias, padding=w)  # (B, hidden, T): zeros beyond the ends
+        return rest(h.transpose(1, 2))  # (B, T, n_tags)
 
 
 class CNNTagger(nn.Module):
@@ -387,21 +390,50 @@ class AttentionTagger(nn.Module):
 RECALL_ARMS = ("window", "CNN", "mean-pool", "causal average", "fixed decay", "self-attention")
 ANSWERED = 0.8  # a kind of question is answered when this share of it is right
 FAILED = 0.5  # ... and failed below this
+AVERAGES = ("mean-pool", "causal average", "fixed decay")  # the arms that average the words
 
 
 def recall_taggers(vocab_size: int, n_tags: int) -> dict[str, Callable[[], nn.Module]]:
     """The arms of :func:`recall_experiment`, sized to about the same parameter count: five
     fixed weightings (a window, a CNN, the mean-pool and causal average controls, and the
-    content-blind recency decay) and one self-attention layer, whose weights read the content."""
+    content-blind recency decay) and one self-attention layer, whose weights read the content.
+
+    The window and the CNN reach the whole sentence of :func:`recall_task` (12 tokens) from
+    every position: the window has 11 neighbours on each side, the CNN's two layers of width 13
+    a receptive field of 12. So neither fails a question for want of reach
+    (:func:`pairs_seen` measures it)."""
     V, C = vocab_size, n_tags
     return {
-        "window": lambda: WindowTagger(V, C, d=16, window=3),
-        "CNN": lambda: CNNTagger(V, C, d=24, kernel=5, n_layers=2),
+        "window": lambda: WindowTagger(V, C, d=12, window=11, hidden=27),
+        "CNN": lambda: CNNTagger(V, C, d=16, kernel=13, n_layers=2),
         "mean-pool": lambda: MeanPoolTagger(V, C, d=32),
         "causal average": lambda: CausalMeanTagger(V, C, d=32),
         "fixed decay": lambda: DecayTagger(V, C, d=32),
         "self-attention": lambda: AttentionTagger(V, C, d=28, n_heads=2),
     }
+
+
+@torch.no_grad()
+def pairs_seen(model: nn.Module, data: RecallData) -> int:
+    """How many of the pairs every question's output depends on (its reach over the pairs).
+
+    Pair ``j`` counts for a question when replacing its token by another pair token (the next
+    value of the same key) changes that question's scores in some sentence of ``data``. Returns
+    the least count over the question columns: ``data.n_pairs`` when every question sees every
+    pair.
+    """
+    device = next(model.parameters()).device
+    tokens = data.tokens.to(device)
+    asked = slice(data.n_pairs, tokens.shape[1])
+    before = model(tokens)[:, asked]  # (N, Q, C)
+    seen = torch.zeros(tokens.shape[1] - data.n_pairs, dtype=torch.long)  # (Q,)
+    for j in range(data.n_pairs):
+        changed = tokens.clone()
+        key, value = changed[:, j] // data.n_values, changed[:, j] % data.n_values
+        changed[:, j] = key * data.n_values + (value + 1) % data.n_values
+        moved = (model(changed)[:, asked] != before).any(dim=-1).any(dim=0)  # (Q,)
+        seen += moved.long().cpu()
+    return int(seen.min())
 
 
 @dataclass
@@ -421,6 +453,8 @@ class RecallResult:
     weights_seed: int | None = None  # the seed of the self-attention run they come from
     found: float | None = None  # share of test sentences where, for every named key, one of
     # that run's heads gives the key's pair its question's largest weight
+    seen: dict[str, int] | None = None  # arm -> pairs every question sees (:func:`pairs_seen`)
+    n_pairs: int = 8  # pairs per sentence
 
     @property
     def fixed(self) -> list[str]:
@@ -434,6 +468,10 @@ class RecallResult:
     def failed(self, arm: str, question: str) -> list[bool]:
         """Per seed: did the arm fail this kind of question (below :data:`FAILED`)?"""
         return [a < FAILED for a in self.accuracy[arm][question]]
+
+    def above_guess(self, arm: str, question: str = "named") -> list[bool]:
+        """Per seed: did the arm score clearly above a guess (half as much again)?"""
+        return [a > 1.5 * self.chance for a in self.accuracy[arm][question]]
 
     def headline(self) -> str:
         """The chapter's measured sentence."""
@@ -452,7 +490,16 @@ class RecallResult:
             good = max(("last", "key 0"), key=lambda q: sum(self.answered(arm, q)))
             lines.append(f"{arm:15s} answers '{good}' in {k_of_n(self.answered(arm, good), self.seeds)}")
             lines.append(f"{'':15s} fails 'named' in {k_of_n(self.failed(arm, 'named'), self.seeds)}")
+            if arm in AVERAGES:  # their MLP starts the lookup from the bag
+                above = k_of_n(self.above_guess(arm), self.seeds)
+                lines.append(f"{'':15s} beats a guess by half on 'named' in {above}")
         return lines
+
+    def reach(self) -> list[str]:
+        """Per arm: how many pairs every question sees, before training (:func:`pairs_seen`)."""
+        seen = self.seen or {}
+        return [f"{arm:15s} every question sees {n} of {self.n_pairs} pairs"
+                for arm, n in seen.items()]
 
     def table(self, question: str) -> str:
         """Every arm's accuracy on one kind of question, seed by seed."""
@@ -467,8 +514,12 @@ class RecallResult:
             assert all(self.failed(arm, "named")), arm
         for arm in ("window", "CNN"):  # the positive controls: positions only
             assert sum(self.answered(arm, "last")) >= n - 1, arm
-        for arm in ("mean-pool", "causal average", "fixed decay"):  # a fixed key: a bag
+        for arm in AVERAGES:  # a fixed key: a bag
             assert sum(self.answered(arm, "key 0")) >= n - 1, arm
+            # and their MLP starts the lookup from the bag: above a guess on the named key
+            assert sum(self.above_guess(arm)) >= n - 1, arm
+        for arm, pairs in (self.seen or {}).items():  # no arm fails for want of reach
+            assert pairs == self.n_pairs, (arm, pairs)
         spread = max(self.parameters.values()) / min(self.parameters.values())
         assert spread < 1.1, self.parameters  # the same budget, within a tenth
 
@@ -490,6 +541,7 @@ def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
     test = recall_task(1000, seed=data_seed(5))
     accuracy: dict[str, dict[str, list[float]]] = {}
     parameters = {}
+    seen = {}
     attention: list[nn.Module] = []
     for arm, build in recall_taggers(data.vocab_size, data.n_tags).items():
         def make(b: Callable[[], nn.Module] = build) -> nn.Module:
@@ -499,6 +551,9 @@ def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
                                 steps=steps, batch_size=batch_size, lr=lr,
                                 progress=progress, desc=arm)
         parameters[arm] = count_parameters(models[0])
+        torch.manual_seed(seeds[0])
+        few = replace(test, tokens=test.tokens[:100], tags=test.tags[:100])
+        seen[arm] = pairs_seen(make(), few)  # untrained: what its shape lets it see
         runs = [recall_accuracy(m, test) for m in models]
         accuracy[arm] = {q: [r[q] for r in runs] for q in test.QUESTIONS}
         attention = models if arm == "self-attention" else attention
@@ -519,6 +574,7 @@ def recall_experiment(device: torch.device | str = "cpu", steps: int = 400,
                           {"steps": steps, "batch_size": batch_size, "lr": lr})
     result.weights, result.weights_seed = w[i, :, test.n_pairs:].cpu(), seeds[best]
     result.found = found.float().mean().item()
+    result.seen, result.n_pairs = seen, test.n_pairs
     return result
 
 
