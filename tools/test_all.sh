@@ -3,12 +3,13 @@
 # machine busy:
 #
 #   1. lint and the type check, then the fast tests (pytest -m "not slow and not built_book":
-#      make unit runs the same), beside every chapter executed for the book (tools/execute_book.py, two at a time, asserts
-#      included), with tests/harness.py in each chapter's kernel recording every figure's text
-#      size and driving every explorer live (into _build/harness/);
-#   2. the slow tests (pytest -m "slow and not built_book") and make gpu's rehearsal on this CPU
-#      (tools/gpu_report.py --rehearse) beside the page rendering (jupyter-book, warnings are
-#      errors);
+#      make unit runs the same), beside every chapter executed for the book
+#      (tools/execute_book.py, two at a time, asserts included), with tests/harness.py in
+#      each chapter's kernel recording every figure's text size and driving every explorer
+#      live (into _build/harness/);
+#   2. the slow tests (pytest -m "slow and not built_book") beside the page rendering
+#      (jupyter-book, warnings are errors; seconds) and make gpu's rehearsal on this CPU
+#      (tools/gpu_report.py --rehearse), which needs no built book;
 #   3. the tests that read the built book (pytest -m built_book), the browser tests among them,
 #      on both cores (pytest-xdist: each test keeps its findings to itself).
 #
@@ -21,19 +22,22 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 MAKE=${MAKE:-make}
 export OMP_NUM_THREADS=1
-LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
 
-# Run "$@" in the background with its output in $LOG; the caller waits for $!.
+# Run "$@" in the background with its output in $LOGS/$1; the caller waits for $!.
 in_background() {
-    ("$@" > "$LOG" 2>&1) &
+    local log=$1
+    shift
+    ("$@" > "$LOGS/$log" 2>&1) &
 }
 
-# Wait for the background job $1, print its output; its exit status is the function's.
+# Wait for the background job $2, print its output ($LOGS/$1); its exit status is the
+# function's.
 finish() {
     local status=0
-    wait "$1" || status=$?
-    cat "$LOG"
+    wait "$2" || status=$?
+    cat "$LOGS/$1"
     return "$status"
 }
 
@@ -44,11 +48,11 @@ phase() {
 fast_tests_and_chapters() {
     local tests=0 chapters=0 job
     phase "1: lint and the fast tests, beside every chapter executed for the book"
-    in_background "$MAKE" --no-print-directory executed RECORD=_build/harness
+    in_background chapters "$MAKE" --no-print-directory executed RECORD=_build/harness
     job=$!
     "$MAKE" --no-print-directory lint || tests=$?
     "$PY" -m pytest -m "not slow and not built_book" tests || tests=$?
-    finish "$job" || chapters=$?
+    finish chapters "$job" || chapters=$?
     if [ "$chapters" -ne 0 ]; then
         echo "a chapter failed (exit $chapters)"
         exit "$chapters"
@@ -57,13 +61,15 @@ fast_tests_and_chapters() {
 }
 
 slow_tests_and_rendering() {
-    local tests=0 built=0 job
-    phase "2: the slow tests and the GPU rehearsal, beside the page rendering"
-    in_background "$MAKE" --no-print-directory book
-    job=$!
+    local tests=0 built=0 book rehearsal
+    phase "2: the slow tests, beside the page rendering and the GPU rehearsal"
+    in_background book "$MAKE" --no-print-directory book
+    book=$!
+    in_background rehearsal "$PY" tools/gpu_report.py --rehearse  # make gpu-rehearsal
+    rehearsal=$!
     "$PY" -m pytest -m "slow and not built_book" tests || tests=$?
-    "$PY" tools/gpu_report.py --rehearse || tests=$?  # make gpu-rehearsal
-    finish "$job" || built=$?
+    finish rehearsal "$rehearsal" || tests=$?
+    finish book "$book" || built=$?
     if [ "$built" -ne 0 ]; then
         echo "make book failed (exit $built)"
         exit "$built"
