@@ -75,9 +75,13 @@ executed: $(STAMP) $(VENDOR) $(CJK_FONT) $(MINILM)
 	fi; \
 	OMP_NUM_THREADS=1 SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2 $(if $(RECORD),--record $(RECORD))
 
+# Both editions from the one execution: the English pages at _build/html, then the Chinese ones
+# (tools/i18n.py build-zh: language zh_CN, prose from locale/zh_CN, the same execution cache)
+# at _build/html/zh; each page links to itself in the other edition.
 book: executed
 	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going .
-	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/i18n.py build-zh
+	@echo "The book is at file://$(CURDIR)/_build/html/index.html (中文版: _build/html/zh/)"
 
 # The browser test needs a Chromium: find one, or install one where this machine allows it
 # (tools/find_browser.py). Without one, make test stops here, in seconds, saying what to install.

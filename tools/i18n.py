@@ -68,11 +68,14 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
 
 def sphinx_build(config: dict[str, Any], builder: str, out: pathlib.Path,
                  doctrees: pathlib.Path, overrides: dict[str, Any] | None = None,
-                 jobs: int = 1, strict: bool = False) -> int:
-    """Build the book with jupyter-book's own Sphinx set-up (what `jupyter-book build` runs)."""
+                 jobs: int = 1, strict: bool = False,
+                 config_dir: pathlib.Path = BUILD) -> int:
+    """Build the book with jupyter-book's own Sphinx set-up (what `jupyter-book build` runs),
+    from ``config`` (written to a file in ``config_dir`` for the build)."""
     from jupyter_book.sphinx import build_sphinx
 
-    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=BUILD, delete=False) as f:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=config_dir, delete=False) as f:
         yaml.safe_dump(config, f, allow_unicode=True)
         path_config = pathlib.Path(f.name)
     try:
@@ -90,11 +93,11 @@ def extract(out: pathlib.Path) -> dict[str, pathlib.Path]:
     """Write one .pot per page into ``out``; return them by page name (``chapters/01_...``)."""
     config = book_config(zh=False)
     config["execute"]["execute_notebooks"] = "off"  # the prose only: nothing runs
-    BUILD.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=BUILD) as doctrees:
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as doctrees:
         status = sphinx_build(config, "gettext", out, pathlib.Path(doctrees),
                               {"gettext_compact": False, "gettext_location": False,
-                               "gettext_uuid": False})
+                               "gettext_uuid": False}, config_dir=out)
     if status:
         sys.exit(f"the gettext build failed ({status})")
     pots = {str(p.relative_to(out).with_suffix("")): p for p in sorted(out.rglob("*.pot"))}
@@ -151,7 +154,7 @@ def merged(template: Catalog, old: Catalog | None) -> Catalog:
 
 
 def update() -> None:
-    with tempfile.TemporaryDirectory(dir=BUILD if BUILD.exists() else None) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         pots = extract(pathlib.Path(tmp))
         for page, pot in pots.items():
             path = CATALOGS / f"{page}.po"
@@ -162,6 +165,18 @@ def update() -> None:
             path.unlink()
             print(f"removed {path.relative_to(ROOT)}: the page is gone")
     status()
+
+
+def translated() -> list[str]:
+    """The pages the Chinese edition has translated in full (locale/zh_CN/translated.txt):
+    tests/test_i18n.py fails when one of them has an untranslated or a fuzzy message."""
+    lines = (LOCALE / LANG / "translated.txt").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def active(catalog: Catalog) -> set[str]:
+    """The msgids of a catalog's current messages (not its header, not the obsolete ones)."""
+    return {m.id for m in catalog if m.id and isinstance(m.id, str)}
 
 
 def counts(path: pathlib.Path) -> tuple[int, int, int]:
@@ -211,13 +226,16 @@ def build_zh(jobs: int) -> int:
     config = book_config(zh=True)
     config["execute"]["cache"] = str(CACHE)
     out = ZH_WORK / "html"
+    # Sphinx compiles each .po into a .mo beside it: a copy in the build, not in the sources
+    shutil.copytree(LOCALE, ZH_WORK / "locale", dirs_exist_ok=True)
     status = sphinx_build(config, "html", out, ZH_WORK / ".doctrees",
-                          {"locale_dirs": [str(LOCALE)], "gettext_compact": False},
+                          {"locale_dirs": [str(ZH_WORK / "locale")], "gettext_compact": False},
                           jobs=jobs, strict=True)
     if status:
         return status
     shutil.rmtree(ZH_OUT, ignore_errors=True)
-    shutil.copytree(out, ZH_OUT)
+    HTML.mkdir(parents=True, exist_ok=True)
+    out.rename(ZH_OUT)  # moved, not copied: the next build writes its pages again
     print(f"The Chinese edition is at file://{ZH_OUT}/index.html")
     return 0
 
