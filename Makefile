@@ -57,9 +57,11 @@ $(MINILM): $(STAMP) $(VENDOR) tools/export_minilm.py
 	cp tools/licenses/Apache-2.0.txt $(@D)/LICENSE
 	cp tools/licenses/all-MiniLM-L6-v2-NOTICE.txt $(@D)/NOTICE
 
-# The Chinese terms' font: Noto Sans SC from npm, cut to the characters the pages use (a few
-# tens of KB), so they render on machines without a CJK font. Rebuilt when a page changes.
-$(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipynb)
+# The Chinese font: Noto Sans SC from npm, cut to the characters the pages use (the English
+# pages' terms, the Chinese edition's catalogs, the scripts' messages), so they render on
+# machines without a CJK font. Rebuilt when a page, a catalog or the messages change.
+$(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipynb) \
+		$(shell find locale -name '*.po') assets/messages.js
 	$(PY) tools/cjk_font.py $(@D)
 	cp node_modules/noto-sans-sc/LICENSE_OFL.txt $(@D)/
 
