@@ -216,6 +216,21 @@ def not_cached() -> list[str]:
     return missing
 
 
+def translated_toc() -> pathlib.Path:
+    """_toc.yml with its part captions ("Chapters") translated from the root page's catalog:
+    sphinx-external-toc adds the captions after Sphinx has translated the page."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    catalog = read(CATALOGS / f"{toc['root']}.po")
+    for part in toc.get("parts", []):
+        message = catalog.get(part.get("caption", ""))
+        if message is not None and message.string and not message.fuzzy:
+            part["caption"] = message.string
+    path = ZH_WORK / "_toc.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(toc, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def build_zh(jobs: int) -> int:
     """The Chinese edition, from the English build's execution cache, into _build/html/zh/."""
     missing = not_cached()
@@ -229,7 +244,8 @@ def build_zh(jobs: int) -> int:
     # Sphinx compiles each .po into a .mo beside it: a copy in the build, not in the sources
     shutil.copytree(LOCALE, ZH_WORK / "locale", dirs_exist_ok=True)
     status = sphinx_build(config, "html", out, ZH_WORK / ".doctrees",
-                          {"locale_dirs": [str(ZH_WORK / "locale")], "gettext_compact": False},
+                          {"locale_dirs": [str(ZH_WORK / "locale")], "gettext_compact": False,
+                           "external_toc_path": str(translated_toc())},
                           jobs=jobs, strict=True)
     if status:
         return status
