@@ -57,9 +57,11 @@ $(MINILM): $(STAMP) $(VENDOR) tools/export_minilm.py
 	cp tools/licenses/Apache-2.0.txt $(@D)/LICENSE
 	cp tools/licenses/all-MiniLM-L6-v2-NOTICE.txt $(@D)/NOTICE
 
-# The Chinese terms' font: Noto Sans SC from npm, cut to the characters the pages use (a few
-# tens of KB), so they render on machines without a CJK font. Rebuilt when a page changes.
-$(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipynb)
+# The Chinese font: Noto Sans SC from npm, cut to the characters the pages use (the English
+# pages' terms, the Chinese edition's catalogs, the scripts' messages), so they render on
+# machines without a CJK font. Rebuilt when a page, a catalog or the messages change.
+$(CJK_FONT): $(STAMP) $(VENDOR) tools/cjk_font.py $(wildcard *.md chapters/*.ipynb) \
+		$(shell find locale -name '*.po') assets/messages.js
 	$(PY) tools/cjk_font.py $(@D)
 	cp node_modules/noto-sans-sc/LICENSE_OFL.txt $(@D)/
 
@@ -75,9 +77,13 @@ executed: $(STAMP) $(VENDOR) $(CJK_FONT) $(MINILM)
 	fi; \
 	OMP_NUM_THREADS=1 SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/execute_book.py --jobs 2 $(if $(RECORD),--record $(RECORD))
 
+# Both editions from the one execution: the English pages at _build/html, then the Chinese ones
+# (tools/i18n.py build-zh: language zh_CN, prose from locale/zh_CN, the same execution cache)
+# at _build/html/zh; each page links to itself in the other edition.
 book: executed
 	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(VENV)/bin/jupyter-book build -W --keep-going .
-	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+	SELFATTN_STATIC=1 TQDM_DISABLE=1 $(PY) tools/i18n.py build-zh
+	@echo "The book is at file://$(CURDIR)/_build/html/index.html (中文版: _build/html/zh/)"
 
 # The browser test needs a Chromium: find one, or install one where this machine allows it
 # (tools/find_browser.py). Without one, make test stops here, in seconds, saying what to install.

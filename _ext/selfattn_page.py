@@ -13,6 +13,10 @@ _config.yml loads it (``sphinx.local_extensions``). For every page:
 * **Folded code.** A cell tagged ``hide-input`` folds under a summary named by the text it
   shows ("Show code cell source"); myst-nb's ``aria-label`` ("Toggle hidden content") did not
   contain it (axe: label-content-name-mismatch).
+* **Two editions.** The English book is at the site's root and the Chinese one under ``zh/``
+  (tools/i18n.py builds it with ``language: zh_CN``); every page's header links to the same page
+  in the other edition (``selfattn_switch`` in the template context, drawn by
+  ``_ext/templates/theme-switcher.html``), by a relative path, so it works from ``file://``.
 * **Theme.** The colour mode defaults to ``auto`` (the reader's system setting), which the
   theme's script expects; left empty, it logged an error on a first visit.
 
@@ -75,6 +79,27 @@ def visit_hidden_input(self: object, node: HideCodeCellNode) -> None:
     self.body.append("</summary>\n")
 
 
+ZH_DIR = "zh"  # the Chinese edition's folder in the site (tools/i18n.py)
+
+
+def language_switch(app: Sphinx, pagename: str, templatename: str, context: dict,
+                    doctree: object) -> None:
+    """The link to this page in the other edition, for the header's template."""
+    up = "../" * pagename.count("/")
+    if is_chinese(app):
+        context["selfattn_switch"] = {
+            "href": f"{up}../{pagename}.html", "lang": "en", "text": "English",
+            "name": "（本页的英文版）"}
+    else:
+        context["selfattn_switch"] = {
+            "href": f"{up}{ZH_DIR}/{pagename}.html", "lang": "zh-CN", "text": "中文",
+            "name": " (this page in Chinese)"}
+
+
+def is_chinese(app: Sphinx) -> bool:
+    return str(app.config.language or "en").startswith("zh")
+
+
 def default_mode(app: Sphinx, config: object) -> None:
     config.html_context.setdefault("default_mode", "auto")  # the theme reads it from the context
 
@@ -83,4 +108,5 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", default_mode)
     app.add_node(HideCodeCellNode, override=True, html=(visit_hidden_input, depart_HideCellInput))
     app.connect("doctree-resolved", figures_and_tables)
+    app.connect("html-page-context", language_switch)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

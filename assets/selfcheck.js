@@ -8,7 +8,8 @@
    not yet, and what is off, never the answer: close (within 1 %: give the exact value or more
    digits), a hint the question names for factor x the answer (half the FLOPs; within the same
    1 %, so a rounded slip gets it too), for bytes a missing or a decimal unit, too high, too low,
-   a dimension. What a reader types is read after NFKC normalization: full-width digits and
+   a dimension. Its words come from assets/messages.js, in the page's language (English, or
+   Chinese in the Chinese edition: the button, the label and the placeholder too). What a reader types is read after NFKC normalization: full-width digits and
    punctuation, as a Chinese input method types them, read as their ASCII forms.
 
    A unit is accepted only where the question is about bytes (data-unit="bytes"): KiB, MiB, GiB,
@@ -175,41 +176,37 @@
     return dims.length ? { ok: true, value: dims } : fail("not a shape");
   }
 
-  var READ_AS = {
-    number: "Can't read that as a number: write it like 0.25, 1,024, 1e6 or 2**20.",
-    count: "Can't read that as a whole number: write it like 1,024, 1e6 or 2**20.",
-    shape: "Can't read that as a shape: write it like (2, 8, 16).",
-    bytes: "Can't read that as a number of bytes: write it like 1,536, 2**20 or 3 MiB " +
-      "(KiB, MiB, GiB, TiB are powers of 2; kB, MB, GB, TB powers of 10).",
-  };
-  var NO_UNIT = "This answer is a plain number, not bytes: write it without a unit, " +
-    "like 1,024 or 2**20.";
+  /* The page's words (assets/messages.js, loaded before this script). */
+  function t(key, params) {
+    return global.selfattnMessages.t(key, params);
+  }
+
+  var KINDS = { number: true, count: true, shape: true, bytes: true }; // as sc.read.*
 
   function right() {
-    return { state: "right", message: "\u2713 Right." };
+    return { state: "right", message: t("sc.right") };
   }
 
   function notYet(what) {
-    return { state: "wrong", message: "\u2717 Not yet: " + what };
+    return { state: "wrong", message: t("sc.not_yet", { what: what }) };
   }
 
   function judge(spec, text) {
-    if (!READ_AS.hasOwnProperty(spec.kind)) throw new Error("unknown self-check kind " + spec.kind);
-    if (String(text).trim() === "") return { state: "empty", message: "Type an answer, then Check." };
+    if (!KINDS.hasOwnProperty(spec.kind)) throw new Error("unknown self-check kind " + spec.kind);
+    if (String(text).trim() === "") return { state: "empty", message: t("sc.empty") };
     if (spec.kind === "shape") {
       var shape = parseShape(text);
-      if (!shape.ok) return { state: "unreadable", message: READ_AS.shape };
+      if (!shape.ok) return { state: "unreadable", message: t("sc.read.shape") };
       var want = spec.expected, got = shape.value;
       if (got.length !== want.length) {
-        return notYet("the answer has " + (got.length < want.length ? "more" : "fewer") +
-                      " dimensions than yours.");
+        return notYet(t(got.length < want.length ? "sc.more_dims" : "sc.fewer_dims"));
       }
       var off = [];
       for (var i = 0; i < want.length; i++) if (got[i] !== want[i]) off.push("shape[" + i + "]");
       if (!off.length) return right();
-      var which = off.length === 1 ? off[0] + " is" :
-        off.slice(0, -1).join(", ") + " and " + off[off.length - 1] + " are";
-      return notYet(which + " not right" + (off.length < want.length ? "; the rest are." : "."));
+      var which = off.length === 1 ? t("sc.off_one", { dim: off[0] }) :
+        t("sc.off_many", { dims: off.slice(0, -1).join(t("sc.list_sep")), last: off[off.length - 1] });
+      return notYet(which + t(off.length < want.length ? "sc.rest_right" : "sc.end"));
     }
     var bytes = spec.unit === "bytes";
     if (spec.unit !== undefined && spec.unit !== null && !bytes) {
@@ -217,7 +214,8 @@
     }
     var n = parseNumber(text, spec.unit);
     if (!n.ok) {
-      return { state: "unreadable", message: n.why === "unit" ? NO_UNIT : READ_AS[bytes ? "bytes" : spec.kind] };
+      return { state: "unreadable",
+               message: t(n.why === "unit" ? "sc.no_unit" : "sc.read." + (bytes ? "bytes" : spec.kind)) };
     }
     var count = spec.kind === "count";
     // a count is right only when equal; a number within rtol (relative; absolute for an expected 0)
@@ -235,14 +233,12 @@
       }
     }
     if (bytes && n.unit && AS_BINARY[n.unit] && near(n.number * BINARY[AS_BINARY[n.unit]], spec.expected)) {
-      return notYet("a " + n.unit + " is a power of 10 bytes, a " + AS_BINARY[n.unit] +
-                    " a power of 2: your number is right in " + AS_BINARY[n.unit] + ".");
+      return notYet(t("sc.decimal_unit", { unit: n.unit, binary: AS_BINARY[n.unit] }));
     }
     if (bytes && !n.unit) {
       for (var name in BINARY) {
         if (near(n.value * BINARY[name], spec.expected)) {
-          return notYet("that is the size in " + name + ", and a number alone is read as bytes: " +
-                        "write the unit (" + String(text).trim() + " " + name + ") or the bytes.");
+          return notYet(t("sc.size_in", { unit: name, text: String(text).trim() }));
         }
       }
     }
@@ -250,16 +246,15 @@
     if (count) {
       var whole = Number.isInteger(n.value);
       if (close) { // a rounded answer, "2.75e11": not a direction, as if it were far off
-        return notYet("close (within 1%), but " + (whole ? "not exact" : "the answer is a whole number") +
-                      (bytes ? ": give the exact number of bytes, or an exact value with a unit " +
-                               "such as MiB or GiB." : ": give the exact count, every digit."));
+        return notYet(t("sc.close_count", { why: t(whole ? "sc.not_exact" : "sc.is_whole"),
+                                            then: t(bytes ? "sc.exact_bytes" : "sc.exact_count") }));
       }
       // "4.2 GiB" is a whole number of bytes in the wrong place, not a fraction of a byte
-      if (!whole && (!n.unit || n.unit === "bytes")) return notYet("the answer is a whole number.");
+      if (!whole && (!n.unit || n.unit === "bytes")) return notYet(t("sc.whole"));
     } else if (close) {
-      return notYet("close (within 1%), but not close enough: give more digits.");
+      return notYet(t("sc.more_digits"));
     }
-    return notYet(n.value > spec.expected ? "too high." : "too low.");
+    return notYet(t(n.value > spec.expected ? "sc.too_high" : "sc.too_low"));
   }
 
   function readSpec(element) {
@@ -286,6 +281,11 @@
     var button = element.querySelector("button");
     var out = element.querySelector('[role="status"]');
     var spec = readSpec(element);
+    // the widget's own words, which the book's Python wrote in English, in the page's language
+    var label = element.querySelector(".selfattn-selfcheck-label");
+    if (label) label.textContent = t("sc.your_answer");
+    button.textContent = t("sc.check");
+    input.setAttribute("placeholder", t("sc.placeholder." + (spec.unit === "bytes" ? "bytes" : spec.kind)));
     function check() {
       var v = judge(spec, input.value);
       out.textContent = v.message;

@@ -21,6 +21,7 @@ from selfattn.book.kit import live, viz
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIVE_JS = ROOT / "assets" / "live" / "live.js"
+MESSAGES_JS = ROOT / "assets" / "messages.js"  # live.js's words, loaded before it as in the page
 WORDS = [None, *(f"c{i}" for i in range(1, 5)), *(f"w{i}" for i in range(5, 16))]
 TAGS = ["c1", "c2", "c3", "c4", "no cue yet"]
 SENTENCES = ["c1 w5 w7 c3 w9", "w6", "c2 c2 c4 w15 w5 w5 c1 w8 w9 w10 w11 w12 c3 w13 w14 w15"]
@@ -34,6 +35,7 @@ def node_compute(spec, calls):
 const fs = require("fs"), vm = require("vm");
 const ctx = {{atob, Math, console}};
 vm.createContext(ctx);
+vm.runInContext(fs.readFileSync({json.dumps(str(MESSAGES_JS))}, "utf8"), ctx);
 vm.runInContext(fs.readFileSync({json.dumps(str(LIVE_JS))}, "utf8"), ctx);
 const input = JSON.parse(fs.readFileSync(0, "utf8"));
 const out = input.calls.map(([text, options]) => {{

@@ -29,6 +29,7 @@ from selfattn.book.kit.viz import STATIC_ENV
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 SCRIPT = ROOT / "assets" / "selfcheck.js"
+MESSAGES = ROOT / "assets" / "messages.js"  # its words, loaded before it as in the page
 NODE = shutil.which("node")
 
 
@@ -385,13 +386,14 @@ def test_every_expected_value_function_is_paired_with_its_checker():
 
 
 def in_node(expression, data=None):
-    """Load assets/selfcheck.js in a fresh Node ``vm`` context (no window, no document), then
-    evaluate ``expression`` there, with ``data`` as a global; its value, through JSON."""
+    """Load assets/selfcheck.js (after its messages) in a fresh Node ``vm`` context (no window,
+    no document), then evaluate ``expression`` there, with ``data`` as a global; its value, through JSON."""
     if NODE is None:
         pytest.skip("node is not on PATH: the page script's logic is not tested")
     script = f"""
 const vm = require("vm"), fs = require("fs");
 const context = vm.createContext({{}});
+vm.runInContext(fs.readFileSync({json.dumps(str(MESSAGES))}, "utf8"), context, {{filename: "messages.js"}});
 vm.runInContext(fs.readFileSync({json.dumps(str(SCRIPT))}, "utf8"), context, {{filename: "selfcheck.js"}});
 context.data = JSON.parse(fs.readFileSync(0, "utf8"));
 process.stdout.write(JSON.stringify(vm.runInContext({json.dumps(expression)}, context)));

@@ -2,11 +2,14 @@
 
     .venv/bin/python tools/cjk_font.py [OUT_DIR]      (make does this; default _vendor/fonts)
 
-The book puts the articles' Chinese terms beside the English ones (查询, 多头注意力, ...). On a
-machine without a CJK font a browser draws those as empty boxes, so the book serves its own:
+The book puts the articles' Chinese terms beside the English ones (查询, 多头注意力, ...), and its
+Chinese edition is all Chinese (its prose from locale/zh_CN's catalogs, its scripts' words from
+assets/messages.js). On a machine without a CJK font a browser draws those as empty boxes, so the
+book serves its own:
 the npm package noto-sans-sc (MIT-packaged Noto Sans SC, SIL OFL 1.1) ships the font as about a
 hundred woff2 slices, one per unicode-range; this script takes from each slice the characters
-the book's pages use, merges them into one font of a few tens of KB (fontTools), and writes a
+the book's pages use, merges them into one font (fontTools; a few tens of KB for the terms, a
+few hundred for a whole edition), and writes a
 stylesheet that puts it first in the theme's font stacks, limited by ``unicode-range`` to exactly
 those characters, so Latin text keeps the theme's fonts. tests/test_browser.py checks that the
 Chinese on the pages is drawn with it.
@@ -29,12 +32,36 @@ CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
 
 
 def book_characters(root: pathlib.Path = ROOT) -> set[str]:
-    """Every CJK character in the book's pages: the markdown files and the chapters (cells and
-    outputs)."""
+    """Every CJK character in the book's pages, in both editions: the markdown files and the
+    chapters (cells and outputs), the Chinese edition's catalogs (locale/**/*.po), the words the
+    page's scripts write (assets/messages.js) and the theme's own Chinese strings."""
     texts = [p.read_text(encoding="utf-8") for p in root.glob("*.md")]
     for path in sorted((root / "chapters").glob("*.ipynb")):
         texts.append(json.dumps(json.loads(path.read_text(encoding="utf-8")), ensure_ascii=False))
+    texts += [p.read_text(encoding="utf-8") for p in sorted(root.glob("locale/**/*.po"))]
+    messages = root / "assets" / "messages.js"
+    if messages.exists():
+        texts.append(messages.read_text(encoding="utf-8"))
+    texts += [p.read_text(encoding="utf-8") for p in theme_catalogs()]
     return set(CJK.findall("".join(texts)))
+
+
+def theme_catalogs() -> list[pathlib.Path]:
+    """The Chinese catalogs of the themes the pages are drawn with (their buttons, the search
+    box), as installed: pydata-sphinx-theme's and sphinx-book-theme's."""
+    import importlib.util
+
+    found = []
+    for package, catalog in (
+            ("pydata_sphinx_theme", "locale/zh/LC_MESSAGES/sphinx.po"),
+            ("sphinx_book_theme",
+             "theme/sphinx_book_theme/static/locales/zh_CN/LC_MESSAGES/booktheme.po")):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin is not None:
+            path = pathlib.Path(spec.origin).parent / catalog
+            if path.exists():
+                found.append(path)
+    return found
 
 
 def _slices(css: str) -> list[tuple[str, set[int]]]:

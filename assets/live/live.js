@@ -5,7 +5,8 @@
  *   <div class="selfattn-live"><script type="application/json" class="selfattn-live-spec">
  * This script finds those, runs the same forward pass as PyTorch on the typed words, and draws
  * the heatmap in the book's colours (YlGnBu, 0 to 1; masked cells hatched grey), in the light
- * and the dark theme. A classic script with no dependency: it works from file:// too.
+ * and the dark theme. A classic script whose only dependency is assets/messages.js (its words,
+ * in the page's language), loaded before it: it works from file:// too.
  *
  * Test entry (tests/test_live.py compares it with PyTorch):
  *   await selfattnLive.explorers[name].attention(text, {model, temperature, mask})
@@ -14,6 +15,8 @@
 (function (root) {
   "use strict";
   // _static/, where the book serves this script, the runtime and the model (live.js sits in live/)
+  // the page's words, in its language (assets/messages.js)
+  const msg = (key, params) => root.selfattnMessages.t(key, params);
   const STATIC = typeof document !== "undefined" && document.currentScript
     ? new URL("../", document.currentScript.src).href : "";
 
@@ -178,14 +181,14 @@
   function tokenize(spec, text) {
     const dropped = [...new Set(text.match(PUNCTUATION) || [])];
     const words = text.replace(PUNCTUATION, " ").toLowerCase().split(/\s+/).filter(Boolean);
-    if (!words.length) throw new InputError("Type a sentence first.");
+    if (!words.length) throw new InputError(msg("live.type_first"));
     if (words.length > spec.max_tokens)
-      throw new InputError(`That is ${words.length} words; this view takes at most ${spec.max_tokens}.`);
+      throw new InputError(msg("live.too_many_words", { n: words.length, max: spec.max_tokens }));
     const ids = [];
     for (const w of words) {
       const i = spec.words.indexOf(w);
       if (i < 0) {
-        throw new InputError(`The word “${w}” is not in this model's vocabulary. It knows: ${vocabulary(spec)}`);
+        throw new InputError(msg("live.unknown_word", { word: w, vocab: vocabulary(spec) }));
       }
       ids.push(i);
     }
@@ -200,7 +203,7 @@
 
   // what the caption adds when punctuation was left out
   function droppedNote(dropped) {
-    return dropped.length ? `; punctuation left out: ${dropped.map((c) => `“${c}”`).join(" ")}` : "";
+    return dropped.length ? msg("live.dropped", { chars: dropped.map((c) => `“${c}”`).join(" ") }) : "";
   }
 
   class InputError extends Error {}
@@ -271,11 +274,11 @@
       ctx.restore();
     });
     ctx.textAlign = "center";
-    ctx.fillText("key (attended to)", left + size / 2, top + size + labelW + 12);
+    ctx.fillText(msg("live.axis_key"), left + size / 2, top + size + labelW + 12);
     ctx.save();
     ctx.translate(10, top + size / 2);
     ctx.rotate(-Math.PI / 2);
-    ctx.fillText("query (attending)", 0, 0);
+    ctx.fillText(msg("live.axis_query"), 0, 0);
     ctx.restore();
     const bx = left + size + 16; // the colour bar, 0 at the bottom
     for (let y = 0; y < size; y++) {
@@ -286,7 +289,7 @@
     ctx.textAlign = "left";
     ctx.fillText("1", bx + 16, top + 4);
     ctx.fillText("0", bx + 16, top + size - 4);
-    ctx.fillText("weight", bx + 16, top + size / 2);
+    ctx.fillText(msg("live.weight"), bx + 16, top + size / 2);
   }
 
   // ---- the explorer --------------------------------------------------------------------------
@@ -309,7 +312,7 @@
       autocapitalize: "off", className: "selfattn-live-text", id: `selfattn-live-${name}-text` });
     const message = element("p", { className: "selfattn-live-message", id: `selfattn-live-${name}-message` });
     input.setAttribute("aria-describedby", [...describedBy, message.id].join(" "));
-    const label = element("label", { className: "selfattn-live-sentence", htmlFor: input.id }, ["sentence"]);
+    const label = element("label", { className: "selfattn-live-sentence", htmlFor: input.id }, [msg("live.sentence")]);
     const setMessage = (text) => {
       message.textContent = text;
       input.setAttribute("aria-invalid", text ? "true" : "false");
@@ -336,29 +339,29 @@
     const spec = JSON.parse(div.querySelector("script.selfattn-live-spec").textContent);
     if (spec.kind === "minilm") return mountMiniLM(div, spec);
     const vocab = element("p", { className: "selfattn-live-vocab", id: `selfattn-live-${spec.name}-vocab`,
-      textContent: `Words this model knows: ${vocabulary(spec)} (any other word gets a message; punctuation is left out)` });
+      textContent: msg("live.vocab", { vocab: vocabulary(spec) }) });
     const { input, label, message, setMessage } = sentenceBox(spec.name, spec.sentences[0], [vocab.id]);
     const { region, say } = announcer();
     const controls = [label, input];
     const state = {};
     let headSelect = null;
     if (spec.kind === "attention") {
-      const [t, tl] = select("temperature", spec.temperatures);
+      const [t, tl] = select(msg("live.temperature"), spec.temperatures);
       t.value = String(spec.temperatures.includes(1) ? 1 : spec.temperatures[0]);
-      const [m, ml] = select("mask", spec.masks);
+      const [m, ml] = select(msg("live.mask"), spec.masks);
       state.temperature = t; state.mask = m;
       controls.push(tl, ml);
     } else {
       const names = Object.keys(spec.models);
       if (names.length > 1) {
-        const [m, ml] = select("model", names);
+        const [m, ml] = select(msg("live.model"), names);
         state.model = m; controls.push(ml);
       }
       const H = spec.models[names[0]].config.n_heads;
-      const [h, hl] = select("head", [...Array(H).keys()]);
+      const [h, hl] = select(msg("live.head"), [...Array(H).keys()]);
       headSelect = h; controls.push(hl);
     }
-    const examples = element("div", { className: "selfattn-live-examples" }, ["try: "]);
+    const examples = element("div", { className: "selfattn-live-examples" }, [msg("live.try")]);
     spec.sentences.forEach((s) => {
       const b = element("button", { type: "button", textContent: s });
       b.addEventListener("click", () => { input.value = s; redraw(); });
@@ -390,10 +393,11 @@
       const rows = out.weights[0][head];
       const o = options();
       const title = spec.kind === "attention"
-        ? `temperature ${o.temperature}, ${o.mask === "none" ? "no" : o.mask} mask`
-        : `${o.model ? o.model + ", " : ""}head ${head}`;
+        ? (o.mask === "none" ? msg("live.title_no_mask", { t: o.temperature })
+          : msg("live.title_mask", { t: o.temperature, mask: o.mask }))
+        : `${o.model ? o.model + ", " : ""}${msg("live.title_head", { head })}`;
       drawHeatmap(canvas, rows, out.tokens, out.masked, spec.colors, title);
-      canvas.setAttribute("aria-label", `attention weights, ${title}: ${out.tokens.join(" ")}`);
+      canvas.setAttribute("aria-label", msg("live.canvas", { title, tokens: out.tokens.join(" ") }));
       caption.textContent = (spec.kind === "attention" ? entropyCaption(rows, o.mask === "causal") : tagCaption(out)) +
         droppedNote(out.dropped);
       if (quiet !== true) say(caption.textContent);
@@ -404,20 +408,19 @@
       // uniform over the keys a row may see: all n, or 1..n under the causal mask
       const seen = rows.map((_, i) => Math.log(causal ? i + 1 : rows.length));
       const uniform = seen.reduce((a, b) => a + b, 0) / rows.length;
-      return `mean row entropy ${mean.toFixed(2)} nats (uniform: ${uniform.toFixed(2)})`;
+      return msg("live.entropy", { mean: mean.toFixed(2), uniform: uniform.toFixed(2) });
     }
     function tagCaption(out) {
       const pairs = out.rule.map((want, t) => [t, want]).filter(([, want]) => want !== null);
       const agree = pairs.filter(([t, want]) => out.predicted[t] === want).length;
       if (spec.rule === "cue_before_saw") {
-        if (!pairs.length) return "No “saw” in this sentence: type one to see its tag.";
-        return pairs.map(([t, want]) => `“saw” (word ${t + 1}): the model says ${out.predicted[t]}; ` +
+        if (!pairs.length) return msg("live.no_saw");
+        return pairs.map(([i, want]) => msg("live.saw_says", { n: i + 1, tag: out.predicted[i] }) +
           (want === "outside the task"
-            ? "the task's sentences have one “saw” and one cue before it, so no rule applies here"
-            : `the task's rule says ${want}`)).join(". ");
+            ? msg("live.saw_outside")
+            : msg("live.saw_rule", { tag: want }))).join(msg("live.saw_sep"));
       }
-      return `the model's tag (the latest cue) agrees with the rule on ${agree} of ${pairs.length} tokens; ` +
-        `last token: ${out.predicted[out.predicted.length - 1]}`;
+      return msg("live.latest", { agree, n: pairs.length, last: out.predicted[out.predicted.length - 1] });
     }
     input.addEventListener("input", () => redraw());
     for (const s of [...Object.values(state), headSelect]) if (s) s.addEventListener("change", () => redraw());
@@ -478,17 +481,14 @@
     api.explorers[spec.name] = explorer;
     div.querySelector(".selfattn-live-fallback")?.remove();
     if (location.protocol === "file:") {
-      intro.textContent = "To run MiniLM live in this page, serve the book instead of opening the file: " +
-        "python3 -m http.server --directory _build/html, then open http://localhost:8000. " +
-        "The precomputed explorer below works here.";
+      intro.textContent = msg("live.minilm_file");
       div.append(intro);
       return;
     }
     const button = element("button", { type: "button", className: "selfattn-live-load",
-      textContent: `Compute MiniLM's attention live in this page (downloads ${mb(total)} MB once)` });
-    intro.textContent = `The model (${mb(spec.bytes.model)} MB, float16 weights), the runtime ` +
-      `(onnxruntime-web, ${mb(spec.bytes.runtime)} MB) and the vocabulary (${mb(spec.bytes.vocab)} MB) ` +
-      "come from this site only when you press the button; your browser keeps them afterwards.";
+      textContent: msg("live.minilm_button", { mb: mb(total) }) });
+    intro.textContent = msg("live.minilm_intro", { model: mb(spec.bytes.model),
+      runtime: mb(spec.bytes.runtime), vocab: mb(spec.bytes.vocab) });
     const progress = element("p", { className: "selfattn-live-message", role: "status" });
     div.append(intro, button, progress);
 
@@ -507,7 +507,8 @@
         await new Promise((resolve, reject) => {
           worker.onmessage = ({ data }) => {
             if (data.type === "progress")
-              progress.textContent = `downloading the model: ${mb(data.loaded)} of ${mb(data.total || spec.bytes.model)} MB`;
+              progress.textContent = msg("live.minilm_progress",
+                { loaded: mb(data.loaded), total: mb(data.total || spec.bytes.model) });
             else if (data.type === "ready") { progress.textContent = ""; resolve(); }
             else if (data.type === "error") reject(new Error(data.message));
             else if (data.type === "result") { waiting.get(data.id)(data); waiting.delete(data.id); }
@@ -531,7 +532,7 @@
         progress.remove();
         buildViewer(tokenizer, run);
         explorer.loaded = true;
-      })().catch((e) => { progress.textContent = `MiniLM could not start: ${e.message}`; throw e; });
+      })().catch((e) => { progress.textContent = msg("live.minilm_failed", { error: e.message }); throw e; });
       return explorer.ready;
     };
     button.addEventListener("click", () => explorer.load().catch(() => {}));
@@ -540,8 +541,8 @@
       const L = spec.layers, H = spec.heads;
       const { input, label, message, setMessage } = sentenceBox(spec.name, spec.sentences[0], []);
       const { region, say } = announcer();
-      const [layer, ll] = select("layer", [...Array(L).keys()]);
-      const [head, hl] = select("head", [...Array(H).keys()]);
+      const [layer, ll] = select(msg("live.layer"), [...Array(L).keys()]);
+      const [head, hl] = select(msg("live.head"), [...Array(H).keys()]);
       const canvas = element("canvas", { className: "selfattn-live-canvas" });
       canvas.setAttribute("role", "img");
       const caption = element("p", { className: "selfattn-live-caption" });
@@ -549,20 +550,20 @@
       // heads (left and right) and layers (up and down), and the head in focus is shown above
       const grid = element("div", { className: "selfattn-live-grid" });
       grid.setAttribute("role", "radiogroup");
-      grid.setAttribute("aria-label", `All ${L * H} heads`);
+      grid.setAttribute("aria-label", msg("live.all_heads", { n: L * H }));
       const gridTitle = element("p", { className: "selfattn-live-caption",
-        textContent: `All ${L * H} heads: click one, or use the arrow keys here (or the layer and head menus), to show it above.` });
+        textContent: msg("live.all_heads_title", { n: L * H }) });
       grid.style.gridTemplateColumns = `auto repeat(${H}, minmax(1.6rem, 1fr))`;
       const thumbs = [];
       grid.append(element("span", { ariaHidden: "true" }));
       for (let h = 0; h < H; h++) grid.append(element("span", { className: "selfattn-live-gridlabel", ariaHidden: "true", textContent: `h${h}` }));
       for (let l = 0; l < L; l++) {
-        grid.append(element("span", { className: "selfattn-live-gridlabel", ariaHidden: "true", textContent: `layer ${l}` }));
+        grid.append(element("span", { className: "selfattn-live-gridlabel", ariaHidden: "true", textContent: msg("live.layer_n", { layer: l }) }));
         for (let h = 0; h < H; h++) {
           const t = element("button", { type: "button", className: "selfattn-live-thumb", tabIndex: -1 },
             [element("canvas", {})]);
           t.setAttribute("role", "radio");
-          t.setAttribute("aria-label", `layer ${l}, head ${h}`);
+          t.setAttribute("aria-label", msg("live.layer_head", { layer: l, head: h }));
           t.addEventListener("click", () => pick(l, h));
           grid.append(t);
           thumbs.push([t, l, h]);
@@ -583,7 +584,7 @@
         event.preventDefault();
         pick(Math.min(L - 1, Math.max(0, to[0])), Math.min(H - 1, Math.max(0, to[1])), true);
       });
-      const examples = element("div", { className: "selfattn-live-examples" }, ["try: "]);
+      const examples = element("div", { className: "selfattn-live-examples" }, [msg("live.try")]);
       spec.sentences.forEach((s) => {
         const b = element("button", { type: "button", textContent: s });
         b.addEventListener("click", () => { input.value = s; typed(); });
@@ -597,8 +598,8 @@
       function draw(quiet) { // quiet: a redraw for a change of theme is not said
         if (!last) return;
         const { data, T, tokens, ms } = last, l = Number(layer.value), h = Number(head.value);
-        drawHeatmap(canvas, headRows(data, T, l, h, H), tokens, null, spec.colors, `layer ${l}, head ${h}`);
-        canvas.setAttribute("aria-label", `MiniLM attention, layer ${l}, head ${h}: ${tokens.join(" ")}`);
+        drawHeatmap(canvas, headRows(data, T, l, h, H), tokens, null, spec.colors, msg("live.layer_head", { layer: l, head: h }));
+        canvas.setAttribute("aria-label", msg("live.minilm_canvas", { layer: l, head: h, tokens: tokens.join(" ") }));
         for (const [t, tl, th] of thumbs) {
           drawThumbnail(t.firstChild, data, T, tl, th, H, spec.colors);
           const on = tl === l && th === h;
@@ -606,14 +607,12 @@
           t.setAttribute("aria-checked", String(on));
           t.tabIndex = on ? 0 : -1;
         }
-        caption.textContent = `${T} word pieces; the model took ${ms.toFixed(1)} ms in this browser` +
-          (tokens.includes("[UNK]") ? ". [UNK] stands for a character MiniLM's English vocabulary does not " +
-            "have (most Chinese characters, emoji): the model sees one unknown token in its place, " +
-            "so the attention to and from it says little" : "");
+        caption.textContent = msg("live.minilm_caption", { n: T, ms: ms.toFixed(1) }) +
+          (tokens.includes("[UNK]") ? msg("live.minilm_unk") : "");
         if (quiet !== true) say(greeting + caption.textContent);
         greeting = "";
       }
-      let greeting = "MiniLM is ready. "; // said once, with the first result
+      let greeting = msg("live.minilm_ready"); // said once, with the first result
       const views = [canvas, caption, gridBox, gridTitle];
       function hide(text) { // a message instead of a view of other text
         setMessage(text);
@@ -623,10 +622,10 @@
       async function typed() {
         const started = performance.now();
         const text = input.value;
-        if (!text.trim()) return hide("Type a sentence first.");
+        if (!text.trim()) return hide(msg("live.type_first"));
         const { ids, tokens } = tokenizer.encode(text);
         if (ids.length > spec.max_pieces)
-          return hide(`That is ${ids.length} word pieces; this view takes at most ${spec.max_pieces}.`);
+          return hide(msg("live.too_many_pieces", { n: ids.length, max: spec.max_pieces }));
         if (busy) { pending = true; return; } // only the latest text is computed next
         busy = true;
         const r = await run(ids);
