@@ -211,8 +211,9 @@ CJK = r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]"
 
 
 def chinese_not_in_the_books_font(page):
-    """Every visible element with Chinese text: its CJK characters are all drawn with the book's
-    subset of Noto Sans SC (tools/cjk_font.py), asked of the browser's layout (DevTools protocol)."""
+    """Every visible element with Chinese text (drawn: wider and taller than a pixel): its CJK
+    characters are all drawn with the book's subset of Noto Sans SC (tools/cjk_font.py), asked
+    of the browser's layout (DevTools protocol)."""
     count = page.evaluate("""(cjk) => {
         const re = new RegExp(cjk, "g"); let n = 0;
         const walk = document.createTreeWalker(document.querySelector("main"), NodeFilter.SHOW_TEXT);
@@ -220,6 +221,8 @@ def chinese_not_in_the_books_font(page):
             const el = walk.currentNode.parentElement;
             const found = walk.currentNode.textContent.match(re);
             if (!found || !el || el.offsetParent === null) continue;
+            const box = el.getBoundingClientRect();  // not drawn: an SVG <title>, a text for
+            if (box.width <= 1 || box.height <= 1) continue;  // screen readers only (1 px)
             if (!el.hasAttribute("data-cjk")) { el.setAttribute("data-cjk", 0); n++; }
             el.setAttribute("data-cjk", +el.getAttribute("data-cjk") + found.length);
         }
@@ -475,13 +478,14 @@ def wider_than_the_window(page):
 AXE_COLOUR_RULES = ("color-contrast", "link-in-text-block")
 
 
-def reader_problems(page, server, name, width):
+def reader_problems(page, server, name, width, dark=True):
     """What a reader at ``width`` would meet on the page as it stands: sideways scrolling,
     images without alt text, figures not linked to their files (or shrunk on a phone), clipped
     equations on a phone, a verdict nobody asked for, and axe-core's critical and serious
     violations in the light theme (every rule) and, at the desktop width, the dark one (its
     colour rules: a theme's colours are the same at every width, and the desktop page shows
-    everything the phone page does). Leaves the page in the theme it found."""
+    everything the phone page does; ``dark=False`` leaves it out). Leaves the page in the theme
+    it found."""
     problems = []
     over, sticking_out = wider_than_the_window(page)
     if over > 0:
@@ -499,9 +503,10 @@ def reader_problems(page, server, name, width):
     set_theme = ("([t, m]) => { const html = document.documentElement;"
                  " html.dataset.theme = t; html.dataset.mode = m; }")
     phone_shots = width == PHONE and PAGE_SHOTS  # (the desktop test screenshots each page)
-    for theme in ("light", "dark") if width > PHONE or phone_shots else ("light",):
-        page.evaluate(set_theme, [theme, theme])
-        page.wait_for_timeout(300)  # the live explorers redraw in the theme's colours
+    for theme in ("light", "dark") if (width > PHONE and dark) or phone_shots else ("light",):
+        if page.evaluate("() => document.documentElement.dataset.theme") != theme:
+            page.evaluate(set_theme, [theme, theme])
+            page.wait_for_timeout(300)  # the live explorers redraw in the theme's colours
         if phone_shots:
             (SHOTS / "pages").mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "pages" / f"{name.replace('/', '_')}_{theme}.png"),
@@ -519,8 +524,10 @@ def reader_problems(page, server, name, width):
         problems += [f"axe {theme}: {rule} ({impact}, {n} nodes: {targets})"
                      for rule, impact, n, targets in found
                      if impact in AXE_FAILS or rule in AXE_RULES_THAT_FAIL]
-    page.evaluate(set_theme, before)
-    page.wait_for_timeout(300)
+    if page.evaluate("() => [document.documentElement.dataset.theme || '',"
+                     " document.documentElement.dataset.mode || '']") != before:
+        page.evaluate(set_theme, before)
+        page.wait_for_timeout(300)
     return problems
 
 

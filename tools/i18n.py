@@ -76,7 +76,9 @@ def sphinx_build(config: dict[str, Any], builder: str, out: pathlib.Path,
 
     config_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=config_dir, delete=False) as f:
-        yaml.safe_dump(config, f, allow_unicode=True)
+        # in the config's own order: the widget scripts load in it (require.js first; sorted,
+        # embed-amd.js came first and found no `define`, and no widget rendered)
+        yaml.safe_dump(config, f, allow_unicode=True, sort_keys=False)
         path_config = pathlib.Path(f.name)
     try:
         result = build_sphinx(
