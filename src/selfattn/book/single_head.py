@@ -3,12 +3,13 @@ r"""Chapters 2 to 4, one head of attention: step by step, its scoring functions,
 * chapter 2: the diagrams of one output and of the matrix form (:func:`one_output`,
   :func:`matrix_form`), and the checkers of its exercises (a scale, a causal mask, attention, a
   self-attention layer);
-* chapter 3: the race of scorers with its two controls (:func:`race_tagger`,
+* chapter 3: the race of scorers with its key-only control (:func:`race_tagger`,
   :func:`scorer_race`, :func:`assert_race`), the additive scorer's sizes, and the checkers of
   masked additive attention and Luong's general score;
 * chapter 4: why $1/\sqrt{d_k}$: the gradients that reach the scores at a width and a scale
   (:func:`attention_gradients`, :func:`top_share`, :func:`cue_gradients`,
-  :func:`query_gradient_ratio`), an unpaired test (:func:`fisher_exact`), the paired one on the
+  :func:`query_gradient_ratio`), the start-matched control (:func:`rescale_scores`), an
+  unpaired test (:func:`fisher_exact`), the paired one on the
   seeds where only one arm learned (:func:`sign_test`), and the checkers of its exercises.
 """
 
@@ -160,7 +161,7 @@ def matrix_form(n: int = 6, d_model: int = 16, d_k: int = 8, d_v: int = 8) -> Di
 # Chapter 3's race: the same one-head tagger with each scorer, and two controls.
 
 RACE_ARMS = ("dot", "scaled_dot", "additive")
-CONTROLS = ("flat_start", "key_only")
+CONTROLS = ("key_only",)
 
 
 class KeyOnlyScorer(AdditiveScorer):
@@ -175,20 +176,15 @@ class KeyOnlyScorer(AdditiveScorer):
 
 def race_tagger(arm: str, vocab_size: int, n_tags: int, d: int = 32) -> AttentionTagger:
     """One arm of chapter 3's race: a one-head :class:`~selfattn.book.tagging.AttentionTagger`
-    scored by ``arm``: ``"dot"``, ``"scaled_dot"``, ``"additive"``, or a control:
-    ``"flat_start"`` (the scaled dot with $W^q$, $W^k$ and their biases halved at the start, so
-    its rows start flatter than the additive head's) or ``"key_only"`` (the additive head with
-    :class:`KeyOnlyScorer`). Every arm has the same parameters."""
-    scorer = {"flat_start": "scaled_dot", "key_only": "additive"}.get(arm, arm)
+    scored by ``arm``: ``"dot"``, ``"scaled_dot"``, ``"additive"``, or the control
+    ``"key_only"`` (the additive head with :class:`KeyOnlyScorer`). Every arm has the same
+    parameters. (Whether a flatter start explains a winner is chapter 4's start-matched
+    control, :func:`rescale_scores`.)"""
+    scorer = {"key_only": "additive"}.get(arm, arm)
     model = AttentionTagger(vocab_size, n_tags, d=d, scorer=scorer)
     attn = model.attn
     assert isinstance(attn, ScoredSelfAttention)
-    if arm == "flat_start":
-        with torch.no_grad():
-            for proj in (attn.q_proj, attn.k_proj):
-                proj.weight.mul_(0.5)
-                proj.bias.mul_(0.5)
-    elif arm == "key_only":
+    if arm == "key_only":
         key_only = KeyOnlyScorer(d, d, attn.additive.w.in_features)
         key_only.load_state_dict(attn.additive.state_dict())
         attn.additive = key_only
@@ -280,8 +276,8 @@ def assert_race(race: dict[str, RaceArm], n_cues: int) -> None:
     """The asserts behind chapter 3's race, each with a margin a fresh range of seeds passes:
     equal parameters; the additive head learns the tag from nearly every seed, more than either
     dot product; some dot-product runs get stuck; the unscaled head starts peaked; a run that
-    learned attends to all cues or all but one, a run that missed ignores two or more; the flat
-    start does not close the gap; the key-only score learns as reliably as the additive one."""
+    learned attends to all cues or all but one, a run that missed ignores two or more; the
+    key-only score learns as reliably as the additive one."""
     count = {arm: sum(r.learned) for arm, r in race.items()}
     assert len({r.n_params for r in race.values()}) == 1, {a: r.n_params for a, r in race.items()}
     assert count["additive"] >= 8, count
@@ -291,9 +287,6 @@ def assert_race(race: dict[str, RaceArm], n_cues: int) -> None:
     for arm, r in race.items():  # learning is cue by cue: the last cue comes free
         for k, ok in zip(r.attended, r.learned, strict=True):
             assert k >= n_cues - 1 if ok else k <= n_cues - 2, (arm, r.attended)
-    if "flat_start" in race:
-        assert race["flat_start"].start_top < race["additive"].start_top  # flatter ...
-        assert count["flat_start"] < count["additive"], count  # ... and still behind
     if "key_only" in race:
         assert count["key_only"] >= 8, count  # the query is not needed
 
@@ -768,6 +761,99 @@ def median_top_weight(d_k: int, n_keys: int, scaled: bool = False, n_rows: int =
     return torch.softmax(scores, dim=-1).max(-1).values.median().item()
 
 
+def rescale_scores(model: AttentionTagger, factor: float) -> AttentionTagger:
+    r"""Chapter 4's start-matched control: multiply a dot-product tagger's $W^q$, $W^k$ and their
+    biases by ``factor``, in place, and return it. Its scores are multiplied by
+    ``factor**2``: with ``factor = d**-0.25`` the unscaled head computes, at its start, exactly
+    the function of the scaled head built from the same seed ($c^2 = 1/\sqrt{d}$), and with
+    ``factor = d**0.25`` the scaled head computes the unscaled one's. Training then keeps each
+    head's own scale, so only the start is swapped."""
+    attn = model.attn
+    assert isinstance(attn, ScoredSelfAttention)
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj):
+            proj.weight.mul_(factor)
+            proj.bias.mul_(factor)
+    return model
+
+
+START_MATCHED = {"dot_gentle": ("dot", -0.25), "scaled_sharp": ("scaled_dot", 0.25)}
+"""Chapter 4's two start-matched arms: the scorer trained, and the power of ``d`` that
+:func:`rescale_scores` multiplies $W^q$ and $W^k$ by (the other arm's start)."""
+
+START_MATCHED_FILE = "start_matched.json"  # beside this module; made by `python -m ... start-matched`
+
+
+def start_matched(task: TaggingData, test: TaggingData, seeds: Sequence[int], d: int = 32,
+                  steps: int = 600, batch_size: int = 32, arms: Sequence[str] = tuple(START_MATCHED),
+                  device: torch.device | str = "cpu") -> dict[str, list[float]]:
+    """Chapter 4's start-matched control, trained: each of ``arms`` (of :data:`START_MATCHED`)
+    from every seed side by side (:func:`~selfattn.book.kit.train.train_seeds`, the chapter's
+    steps and batch), and its accuracy on the ambiguous word of ``test``, one per seed."""
+    from .kit import train
+
+    out = {}
+    for arm in arms:
+        scorer, power = START_MATCHED[arm]
+        def make(scorer: str = scorer, power: float = power) -> nn.Module:
+            model = AttentionTagger(task.vocab_size, task.n_tags, d=d, scorer=scorer)
+            return rescale_scores(model, d**power).to(device)
+
+        models, _ = train.train_seeds(make, task, seeds=seeds, steps=steps,
+                                      batch_size=batch_size, progress=False)
+        out[arm] = [ambiguous_correct(m, test).float().mean().item() for m in models]
+    return out
+
+
+def _start_matched_data() -> tuple[TaggingData, TaggingData]:
+    """Chapter 4's training and test sentences, drawn as the chapter draws them."""
+    from .kit import train
+    from .tagging import tagging_task
+
+    return (tagging_task(4000, seq_len=24, seed=train.data_seed(0)),
+            tagging_task(500, seq_len=24, seed=train.data_seed(1)))
+
+
+def stored_start_matched(seeds: Sequence[int]) -> dict[str, list[float]] | None:
+    """The accuracies :func:`start_matched` gave on chapter 4's data and ``seeds``, as stored in
+    :data:`START_MATCHED_FILE` (two arms of thirty seeds take longer to train than the chapter's
+    time budget allows), or None when the file holds other seeds or data (a fresh range of
+    seeds: train them). The chapter re-trains a few stored seeds and asserts that they
+    reproduce, so stale data fails the page. Made by
+    ``python -m selfattn.book.single_head start-matched``."""
+    import json
+    from pathlib import Path
+
+    from .kit import train
+
+    path = Path(__file__).with_name(START_MATCHED_FILE)
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    if stored["seeds"] != list(seeds) or stored["data_seeds"] != [train.data_seed(0),
+                                                                  train.data_seed(1)]:
+        return None
+    return {arm: stored["accuracy"][arm] for arm in START_MATCHED}
+
+
+def _write_start_matched(n_seeds: int = 30) -> None:
+    """Train chapter 4's start-matched arms on its seeds and data, and store their accuracies."""
+    import json
+    from pathlib import Path
+
+    from .kit import train
+
+    task, test = _start_matched_data()
+    seeds = train.seed_range(n_seeds)
+    accuracy = start_matched(task, test, seeds)
+    path = Path(__file__).with_name(START_MATCHED_FILE)
+    stored = {"seeds": list(seeds), "data_seeds": [train.data_seed(0), train.data_seed(1)],
+              "accuracy": {arm: [round(a, 4) for a in acc] for arm, acc in accuracy.items()}}
+    path.write_text(json.dumps(stored, indent=1) + "\n")
+    print(f"wrote {path}: " + ", ".join(f"{arm} learned {sum(a > 0.95 for a in acc)} of "
+                                         f"{len(acc)}" for arm, acc in accuracy.items()))
+
+
 @dataclass
 class CueGradients:
     """What :func:`cue_gradients` measures: one entry per sentence, the row of its ambiguous
@@ -955,3 +1041,11 @@ def check_gradient_crossover(answer: object) -> str:
         raise NotYet(f"already at d_k={d // 2} the ratio is {below:.3f}: look at smaller widths")
     return (f"the ratio scaled / unscaled at the typical query is {below:.3f} at d_k={d // 2} "
             f"and {at:.3f} at d_k={d}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["start-matched"]:
+        raise SystemExit("usage: python -m selfattn.book.single_head start-matched")
+    _write_start_matched()
