@@ -77,7 +77,9 @@ def test_the_webfont_covers_every_chinese_character_of_the_book():
     assert "查" in chars and "询" in chars  # the intro's example term
     covered = {chr(c) for c in TTFont(font).getBestCmap()}
     assert chars <= covered, f"rebuild the font (make): missing {''.join(sorted(chars - covered))}"
-    assert font.stat().st_size < 100_000  # a subset, not the whole font
+    # a subset, not the whole font: with the whole Chinese edition translated it comes
+    # to about 130 KB
+    assert font.stat().st_size < 250_000
 
 
 gpu_report = load("gpu_report")
